@@ -1,0 +1,63 @@
+"""Small utilities: FLOP counting from the traced program."""
+
+import math
+from typing import Any, Callable
+
+import jax
+from jax.extend import core as jex_core
+
+
+def _dot_general_flops(eqn) -> int:
+  lhs, rhs = (v.aval.shape for v in eqn.invars)
+  (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = eqn.params['dimension_numbers']
+  batch = math.prod(lhs[d] for d in lhs_batch)
+  contract = math.prod(lhs[d] for d in lhs_contract)
+  lhs_free = math.prod(s for d, s in enumerate(lhs) if d not in (*lhs_contract, *lhs_batch))
+  rhs_free = math.prod(s for d, s in enumerate(rhs) if d not in (*rhs_contract, *rhs_batch))
+  return batch * lhs_free * rhs_free * contract
+
+
+def _conv_flops(eqn) -> int:
+  kernel = eqn.invars[1].aval.shape
+  out = eqn.outvars[0].aval.shape
+  rhs_spec = eqn.params['dimension_numbers'].rhs_spec  # (out_ch, in_ch, *spatial)
+  per_output = math.prod(kernel[d] for d in rhs_spec[1:])  # in_ch/groups * kh * kw
+  return math.prod(out) * per_output
+
+
+def _sub_jaxprs(value: Any):
+  """The jaxprs held in one equation parameter (a jaxpr, or a tuple of them)."""
+  items = value if isinstance(value, (tuple, list)) else (value,)
+  for item in items:
+    if isinstance(item, jex_core.ClosedJaxpr):
+      yield item.jaxpr
+    elif isinstance(item, jex_core.Jaxpr):
+      yield item
+
+
+def _jaxpr_flops(jaxpr) -> int:
+  total = 0
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == 'dot_general':
+      total += _dot_general_flops(eqn)
+    elif name == 'conv_general_dilated':
+      total += _conv_flops(eqn)
+    elif name == 'cond':
+      total += max(_jaxpr_flops(j) for j in _sub_jaxprs(eqn.params['branches']))
+    else:
+      inner = sum(_jaxpr_flops(j) for v in eqn.params.values() for j in _sub_jaxprs(v))
+      total += inner * eqn.params.get('length', 1) if name == 'scan' else inner
+  return total
+
+
+def count_flops(fn: Callable, *args, **kwargs) -> int:
+  """Multiply-adds of all matrix products and convolutions in `fn(*args, **kwargs)`.
+
+  One multiply-add counts as one FLOP (fvcore's convention). Counted on the
+  traced jaxpr, so nothing runs; `args` may be arrays or `jax.ShapeDtypeStruct`s.
+  Scans count their body once per iteration; a `while` loop body, whose trip
+  count is unknown, counts once; a `cond` counts its most expensive branch.
+  """
+  closed = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
+  return _jaxpr_flops(closed.jaxpr)
