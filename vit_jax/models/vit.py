@@ -57,6 +57,7 @@ class VisionTransformer(nn.Module):
     if images.ndim != 4:
       raise ValueError(f'Expected NHWC images (batch, height, width, channels), '
                        f'got shape {images.shape}.')
+    self._check_divisible(images.shape)
     x = images.astype(self.dtype)
 
     if self.resnet_layers is not None:
@@ -64,7 +65,6 @@ class VisionTransformer(nn.Module):
                       width_factor=self.resnet_width_factor,
                       dtype=self.dtype, param_dtype=self.param_dtype)
 
-    self._check_divisible(images.shape, x.shape)
     x = nn.Conv(self.hidden_size, tuple(self.patch_size), strides=tuple(self.patch_size),
                 padding='VALID', dtype=self.dtype, param_dtype=self.param_dtype,
                 name='embedding')(x)  # (B, h, w, D)
@@ -123,13 +123,18 @@ class VisionTransformer(nn.Module):
       raise ValueError(f'hidden_size={self.hidden_size} is not divisible by '
                        f'num_heads={self.num_heads}.')
 
-  def _check_divisible(self, image_shape, feature_shape):
-    """Images (or the hybrid's feature map) must tile exactly into patches."""
-    height, width = feature_shape[1:3]
+  def _check_divisible(self, image_shape):
+    """Images must tile exactly into patches (of the hybrid's feature map)."""
     patch_h, patch_w = self.patch_size
-    if height % patch_h or width % patch_w:
-      where = ('' if self.resnet_layers is None else
-               f' (the ResNet stem turns it into a {height}x{width} feature map)')
-      raise ValueError(
-          f'Image size {image_shape[1]}x{image_shape[2]}{where} is not a multiple of '
-          f'the patch size {patch_h}x{patch_w}; resize or crop the images.')
+    stride = 1
+    if self.resnet_layers is not None:  # Root conv + max-pool: 4; each later stage: 2.
+      stride = 4 * 2 ** max(len(self.resnet_layers) - 1, 0)
+    height, width = image_shape[1:3]
+    if height % (stride * patch_h) or width % (stride * patch_w):
+      if stride == 1:
+        needed = f'the patch size {patch_h}x{patch_w}'
+      else:
+        needed = (f'{stride * patch_h}' + (f'x{stride * patch_w}' if patch_h != patch_w else '')
+                  + f" (the ResNet stem's stride {stride} x patch size {patch_h}x{patch_w})")
+      raise ValueError(f'Image size {height}x{width} is not a multiple of {needed}; '
+                       'resize or crop the images.')

@@ -1,0 +1,155 @@
+"""Attention: the numpy example of the notes, fused vs plain, masks, order blindness."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import models
+from vit_jax.models import attention
+
+
+def _attention_params(wq, wk, wv, wo):
+  """Single-head, bias-free params for MultiHeadDotProductAttention."""
+  as_heads = lambda w: jnp.asarray(w, jnp.float32)[:, None, :]  # (D, 1, H)  # noqa: E731
+  return {'params': {'query': {'kernel': as_heads(wq)}, 'key': {'kernel': as_heads(wk)},
+                     'value': {'kernel': as_heads(wv)},
+                     'out': {'kernel': jnp.asarray(wo, jnp.float32)[None]}}}
+
+
+@pytest.mark.parametrize('implementation', ['fused', 'plain'])
+def test_numpy_example_from_the_notes(implementation):
+  np.random.seed(2022)
+  wq, wk, wv = (np.random.randint(3, size=(3, 3)) for _ in range(3))
+  np.testing.assert_array_equal(wq, [[1, 0, 1], [0, 1, 1], [0, 0, 2]])
+  words = np.array([[1, 0, 0], [0, 1, 0], [1, 1, 0], [0, 0, 1]], np.float32)
+  expected = np.array([[2.21359886, 0.30694765, 2.82049348],
+                       [2.23868629, 0.10809678, 3.03431245],
+                       [2.4970757, 0.04543788, 3.42891888],
+                       [2.47368968, 0.04330015, 3.36169225]])
+  layer = models.MultiHeadDotProductAttention(num_heads=1, use_bias=False,
+                                              implementation=implementation)
+  variables = _attention_params(wq, wk, wv, np.eye(3))
+  out = layer.apply(variables, jnp.asarray(words)[None])[0]
+  np.testing.assert_allclose(out, expected, atol=1e-6, rtol=0)
+
+
+def _random_qkv(t=6, s=6, heads=3, head_dim=8, batch=2):
+  keys = jax.random.split(jax.random.key(0), 3)
+  return (jax.random.normal(keys[0], (batch, t, heads, head_dim)),
+          jax.random.normal(keys[1], (batch, s, heads, head_dim)),
+          jax.random.normal(keys[2], (batch, s, heads, head_dim)))
+
+
+def _masks(t, s):
+  query_valid = jnp.array([[1] * t, [1] * (t - 2) + [0] * 2])
+  key_valid = jnp.array([[1] * s, [1] * (s - 3) + [0] * 3])
+  padding = attention.make_padding_mask(query_valid, key_valid)
+  causal = attention.make_causal_mask(t) if t == s else None
+  return {'none': None, 'padding': padding, 'causal': causal,
+          'padding+causal': attention.combine_masks(padding, causal)}
+
+
+@pytest.mark.parametrize('lengths,mask_name', [
+    ((6, 6), 'none'), ((6, 6), 'padding'), ((6, 6), 'causal'), ((6, 6), 'padding+causal'),
+    ((4, 7), 'none'), ((4, 7), 'padding')])
+def test_fused_and_plain_paths_agree(lengths, mask_name):
+  t, s = lengths
+  mask = _masks(t, s)[mask_name]
+  q, k, v = _random_qkv(t, s)
+  plain, weights = attention.plain_attention(q, k, v, mask)
+  fused = attention.fused_attention(q, k, v, mask)
+  np.testing.assert_allclose(fused, plain, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
+  if mask is not None:  # Masked keys get no weight where a row has any valid key.
+    valid_rows = jnp.broadcast_to(mask, weights.shape).any(-1, keepdims=True)
+    assert float(jnp.where(~mask & valid_rows, weights, 0).max()) < 1e-30
+
+
+def test_module_paths_share_parameters_and_agree():
+  x = jax.random.normal(jax.random.key(1), (2, 5, 16))
+  y = jax.random.normal(jax.random.key(2), (2, 7, 16))
+  fused = models.MultiHeadDotProductAttention(num_heads=4)
+  plain = fused.clone(implementation='plain')
+  variables = fused.init(jax.random.key(0), x, y)
+  assert jax.tree.structure(variables) == jax.tree.structure(plain.init(jax.random.key(0), x, y))
+  mask = attention.make_padding_mask(jnp.ones((2, 5)), jnp.array([[1] * 7, [1] * 4 + [0] * 3]))
+  out_fused = fused.apply(variables, x, y, mask=mask)
+  out_plain, weights = plain.apply(variables, x, y, mask=mask, return_weights=True)
+  assert out_fused.shape == (2, 5, 16) and weights.shape == (2, 4, 5, 7)
+  np.testing.assert_allclose(out_fused, out_plain, atol=1e-5)
+  np.testing.assert_allclose(weights[1, :, :, 4:], 0.0, atol=1e-30)
+
+
+def test_parameter_shapes_follow_published_layout():
+  x = jnp.zeros((1, 3, 768))
+  shapes = jax.tree.map(jnp.shape, models.MultiHeadDotProductAttention(num_heads=12).init(
+      jax.random.key(0), x)['params'])
+  assert shapes['query'] == {'kernel': (768, 12, 64), 'bias': (12, 64)}
+  assert shapes['out'] == {'kernel': (12, 64, 768), 'bias': (768,)}
+
+
+def test_causal_self_attention_never_looks_ahead():
+  layer = models.MultiHeadDotProductAttention(num_heads=2)
+  x = jax.random.normal(jax.random.key(0), (1, 6, 8))
+  variables = layer.init(jax.random.key(1), x)
+  t = 3
+  x_changed = x.at[:, t].add(1.0)
+  out = layer.apply(variables, x, causal=True)
+  out_changed = layer.apply(variables, x_changed, causal=True)
+  np.testing.assert_array_equal(out[:, :t], out_changed[:, :t])
+  assert float(jnp.abs(out[:, t:] - out_changed[:, t:]).min()) > 0
+
+
+def test_attention_dropout_only_in_training():
+  layer = models.MultiHeadDotProductAttention(num_heads=2, dropout_rate=0.5)
+  x = jax.random.normal(jax.random.key(0), (2, 6, 8))
+  variables = layer.init(jax.random.key(1), x)
+  eval_out = layer.apply(variables, x)
+  np.testing.assert_array_equal(eval_out, layer.apply(variables, x))
+  train_out = layer.apply(variables, x, deterministic=False,
+                          rngs={'dropout': jax.random.key(2)})
+  assert not np.allclose(train_out, eval_out)
+
+
+def test_hidden_size_not_divisible_by_heads_is_a_clear_error():
+  layer = models.MultiHeadDotProductAttention(num_heads=5)
+  with pytest.raises(ValueError, match='not divisible by num_heads=5'):
+    layer.init(jax.random.key(0), jnp.zeros((1, 3, 12)))
+  with pytest.raises(ValueError, match='hidden_size=100 is not divisible by num_heads=12'):
+    models.get_model('ViT-B_16', num_classes=10, hidden_size=100).init(
+        jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+
+
+@pytest.mark.parametrize('position_embedding', ['none', 'learned', 'sinusoidal'])
+def test_order_blindness_without_position_encoding(position_embedding):
+  encoder = models.Encoder(num_layers=2, mlp_dim=32, num_heads=2,
+                           position_embedding=position_embedding)
+  x = jax.random.normal(jax.random.key(0), (2, 7, 16))
+  variables = encoder.init(jax.random.key(1), x)
+  permutation = jax.random.permutation(jax.random.key(2), 7)
+  out = encoder.apply(variables, x)
+  out_of_permuted = encoder.apply(variables, x[:, permutation])
+  if position_embedding == 'none':
+    np.testing.assert_allclose(out_of_permuted, out[:, permutation], atol=1e-5)
+  else:
+    assert float(jnp.abs(out_of_permuted - out[:, permutation]).max()) > 1e-3
+
+
+def test_sinusoidal_encoding_follows_the_paper():
+  table = models.sinusoidal_1d(50, 16)
+  pos, i = 7, 3
+  np.testing.assert_allclose(table[pos, 2 * i], np.sin(pos / 10000 ** (2 * i / 16)), atol=1e-6)
+  np.testing.assert_allclose(table[pos, 2 * i + 1], np.cos(pos / 10000 ** (2 * i / 16)),
+                             atol=1e-6)
+  np.testing.assert_array_equal(table[0, 0::2], 0.0)
+  np.testing.assert_array_equal(table[0, 1::2], 1.0)
+
+
+def test_sincos_2d_encodes_rows_and_columns():
+  table = models.sincos_2d(4, 5, 32)
+  assert table.shape == (20, 32)
+  assert len({tuple(np.round(row, 6)) for row in table}) == 20  # Every patch distinct.
+  grid = table.reshape(4, 5, 32)
+  np.testing.assert_allclose(grid[:, 0, :16], grid[:, 3, :16])  # y half ignores x.
+  np.testing.assert_allclose(grid[0, :, 16:], grid[2, :, 16:])  # x half ignores y.
