@@ -1,4 +1,4 @@
-"""configs/: the model configs mirror the registry and build the same modules."""
+"""configs/: model configs mirror the registry; run configs load and name real options."""
 
 import importlib.util
 import pathlib
@@ -6,6 +6,8 @@ import pathlib
 import pytest
 
 from vit_jax import models
+from vit_jax.data import images
+from vit_jax.train import optim
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
 
@@ -26,3 +28,18 @@ def test_model_config_builds_the_registry_model(name):
               else {'num_classes': 10})
   assert models.get_model(config.name, **settings, **required) == models.get_model(
       name, **required)
+
+
+@pytest.mark.parametrize('filename,arg', [('vit_digits.py', None),
+                                          ('vit.py', 'ViT-S_16,/data/my_images'),
+                                          ('deit.py', 'DeiT-Ti_16,cifar10')])
+def test_run_configs_use_only_known_fields(filename, arg):
+  module = load_config_module(filename)
+  config = module.get_config() if arg is None else module.get_config(arg)
+  assert set(config.data) == set(images.default_config())
+  assert set(config.optimizer) == set(optim.default_config())
+  model = models.get_model(config.model.name, num_classes=10,
+                           **{k: v for k, v in config.model.items() if k != 'name'})
+  assert model.num_classes == 10
+  if arg:
+    assert config.data.dataset == arg.split(',')[1]

@@ -192,14 +192,16 @@ def canonicalize(params: Mapping[str, Any]) -> FlatParams:
   Unstacks `encoderblock` arrays into `encoderblock_{i}`, renames per-type
   numbered block modules (`MultiHeadDotProductAttention_0`, `LayerNorm_1`,
   `MlpBlock_0`) to the published ones, and reshapes (1, 1, 1, C) GroupNorm
-  scale/bias to (C,). `params` may be nested or already flat ('/'-joined keys).
+  scale/bias to (C,). `params` may be nested or already flat ('/'-joined keys),
+  and wrapped as {'params': ...}.
   """
-  flat = unstack_blocks(flatten_params(params))
+  if set(params) == {'params'} and isinstance(params['params'], Mapping):
+    params = params['params']
+  flat = {name: _as_float32(name, value) for name, value in flatten_params(params).items()}
   out: FlatParams = {}
   renamed_from: dict[str, str] = {}
-  for name, value in flat.items():
+  for name, value in unstack_blocks(flat).items():
     published = _published_name(name)
-    value = _as_float32(name, value)
     if _is_groupnorm_param(published) and value.ndim == 4 and value.shape[:3] == (1, 1, 1):
       value = value.reshape(-1)
     if published in out:
@@ -283,6 +285,8 @@ def write_atomically(path: str | os.PathLike, write: Callable[[str], None], *,
         raise
     return
   directory = os.path.dirname(os.path.abspath(path))
+  if not os.path.isdir(directory):
+    raise FileNotFoundError(f'Cannot write {path}: directory {directory} does not exist.')
   fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{os.path.basename(path)}.',
                              suffix='.tmp')
   os.close(fd)
@@ -318,6 +322,8 @@ def load_npz(path: str | os.PathLike) -> dict[str, Any]:
       flat = {name: _as_float32(name, archive[name]) for name in archive.files}
   except FileNotFoundError as e:
     raise FileNotFoundError(f'Checkpoint {path} does not exist.') from e
+  except (IsADirectoryError, PermissionError):
+    raise
   except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
     raise ValueError(f'Cannot read checkpoint {path}: {type(e).__name__}: {e}. The file '
                      'is truncated or corrupt, or not an .npz; download or write it '
@@ -409,7 +415,8 @@ def _init_value(name: str, value: Any, why: str) -> np.ndarray:
   return np.asarray(value, np.float32)
 
 
-def _format_mismatches(problems: list[tuple[str, Any, Any]]) -> str:
+def format_mismatches(problems: list[tuple[str, Any, Any]]) -> str:
+  """'  name: file shape vs model shape' lines for the first few (name, shape, shape)."""
   def show(shape):
     return 'missing' if shape is None else str(tuple(shape))
   lines = [f'  {name}: {show(file_shape)} vs {show(model_shape)}'
@@ -442,8 +449,8 @@ def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
     - `head`/`head_dist` from `init_params` when the class count differs, when
       `reinit_head`, when the file has no head, or when only one side has a
       `pre_logits` layer (the head was trained on top of it);
-    - `pre_logits` dropped if the model has none, kept from `init_params` if
-      the file has none;
+    - `pre_logits` (and the heads) dropped if the model has none, and taken
+      from `init_params` if the file has none;
     - the position embedding's patch grid resized to the model's grid (class
       and distillation token rows kept).
 
@@ -456,9 +463,7 @@ def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
   if isinstance(checkpoint, (str, os.PathLike)):
     source_desc, checkpoint = os.fspath(checkpoint), load_npz(checkpoint)
   else:
-    source_desc = 'checkpoint'
-  if set(checkpoint) == {'params'} and isinstance(checkpoint['params'], Mapping):
-    checkpoint = checkpoint['params']
+    source_desc = 'The checkpoint'
   source = canonicalize(checkpoint)
   target = {name: _to_host(value) for name, value in flatten_params(target_tree).items()}
   scanned = any(_is_stacked_name(name) for name in target)
@@ -471,51 +476,59 @@ def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
                  'pre_logits only in the ' + ('file' if file_has_pre_logits else 'model'))
 
   result: FlatParams = {}
+  from_model: dict[str, str] = {}  # Name -> why it is taken from init_params.
   problems: list[tuple[str, Any, Any]] = []
   for name, init in target.items():
     is_head = name.startswith(HEAD_PREFIXES)
+    init_shape = _shape(init)
     if name not in source:
       if is_head or name.startswith(PRE_LOGITS_PREFIX):
-        result[name] = _init_value(name, init, 'it is not in the checkpoint')
-        _log.info('%s: not in %s, taken from the model.', name, source_desc)
+        from_model[name] = 'not in the checkpoint'
       else:
-        problems.append((name, None, _shape(init)))
+        problems.append((name, None, init_shape))
       continue
     value = source[name]
     if is_head and head_from_model:
-      result[name] = _init_value(name, init, head_reason)
-      _log.info('%s: taken from the model (%s).', name, head_reason)
-    elif value.shape == _shape(init):
+      from_model[name] = head_reason
+    elif value.shape == init_shape:
       result[name] = value
-    elif is_head and value.shape[:-1] == _shape(init)[:-1]:
-      result[name] = _init_value(name, init, 'the class count differs')
-      _log.info('%s: file has %d classes, model %d; taken from the model.',
-                name, value.shape[-1], _shape(init)[-1])
-    elif name == POSEMB and value.ndim == 3 and value.shape[2] == _shape(init)[2]:
+    elif is_head and value.shape[:-1] == init_shape[:-1]:
+      from_model[name] = (f'the file has {value.shape[-1]} classes, the model '
+                          f'{init_shape[-1]}')
+    elif name == POSEMB and value.ndim == 3 and value.shape[2] == init_shape[2]:
       num_extra = sum(token in target for token in EXTRA_TOKENS)
       if num_extra != sum(token in source for token in EXTRA_TOKENS):
-        problems.append((name, value.shape, _shape(init)))
+        problems.append((name, value.shape, init_shape))
         continue
-      grid = grid_size or _square_grid(_shape(init)[1] - num_extra, 'model')
-      if grid[0] * grid[1] != _shape(init)[1] - num_extra:
-        raise ValueError(f'grid_size={grid_size} does not hold the {_shape(init)[1]} - '
-                         f'{num_extra} grid tokens of the model.')
+      num_grid = init_shape[1] - num_extra
+      grid = grid_size or _square_grid(num_grid, 'model')
+      if grid[0] * grid[1] != num_grid:
+        raise ValueError(f'grid_size={grid_size} has {grid[0] * grid[1]} cells, but the '
+                         f'model has {num_grid} grid tokens ({init_shape[1]} tokens minus '
+                         f'{num_extra} class token(s)).')
       result[name] = resize_posemb(value, num_extra, grid)
-      _log.info('%s: resized %s -> %s (grid %dx%d).', name, value.shape, _shape(init),
-                *grid)
+      _log.info('%s: resized %s -> %s (grid %dx%d).', name, value.shape, init_shape, *grid)
     else:
-      problems.append((name, value.shape, _shape(init)))
+      problems.append((name, value.shape, init_shape))
+  # The model may lack the file's pre_logits and head(s), e.g. a feature extractor.
+  droppable = (PRE_LOGITS_PREFIX, *HEAD_PREFIXES)
+  dropped = [name for name in source if name not in target and name.startswith(droppable)]
   problems += [(name, value.shape, None) for name, value in source.items()
-               if name not in target and not name.startswith(PRE_LOGITS_PREFIX)]
+               if name not in target and not name.startswith(droppable)]
   if problems:
+    # Top-level names (embedding, tokens, head) tell most; block names come after.
+    problems.sort(key=lambda problem: 'encoderblock_' in problem[0])
     raise ValueError(
         f'{source_desc} does not fit the model: {len(problems)} mismatched parameter(s) '
-        f'(file vs model):\n{_format_mismatches(problems)}\nCheck that the checkpoint '
+        f'(file vs model):\n{format_mismatches(problems)}\nCheck that the checkpoint '
         'is of the same architecture (width, depth, patch size, hybrid stem, '
         'classifier tokens).')
-  dropped = [n for n in source if n.startswith(PRE_LOGITS_PREFIX) and n not in target]
+  for name, why in from_model.items():
+    result[name] = _init_value(name, target[name], why)
+    _log.info('%s: taken from the model (%s).', name, why)
   if dropped:
-    _log.info('Dropped %s: the model has no pre_logits layer.', ', '.join(dropped))
+    _log.info('Dropped %s: not in the model.', ', '.join(dropped))
+  result = {name: result[name] for name in target}  # The model's order.
 
   if scanned:
     result = stack_blocks(result)

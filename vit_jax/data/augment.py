@@ -1,7 +1,8 @@
 """RandAugment and mixup in TensorFlow ops.
 
 RandAugment (Cubuk et al., 2019): each image gets `num_layers` ops drawn uniformly from
-`RANDAUGMENT_OPS`, each at the same fixed magnitude. Ops work on uint8 (H, W, C) images, C in {1, 3}.
+`RANDAUGMENT_OPS`, each at the same fixed magnitude. Ops work on uint8 (H, W, C) images,
+C in {1, 3}.
 Magnitude is on the paper's 0..10 scale (10 = the strengths below); larger values, as some recipes
 use (up to 30 here), extrapolate linearly and are clipped to each op's valid range:
   rotate +-30 degrees, shear +-0.3, translate +-30% of the side, brightness / contrast / color /
@@ -88,16 +89,20 @@ def autocontrast(image):
 
 
 def _equalize_channel(channel):
-  """Histogram equalization of a uint8 (H, W) channel, as PIL.ImageOps.equalize does it."""
+  """Histogram equalization of a uint8 (H, W) channel.
+
+  The PIL.ImageOps.equalize recipe, with a fractional step so that images with fewer than 256
+  pixels (PIL leaves those unchanged) are equalized too.
+  """
   values = tf.cast(channel, tf.int32)
   histogram = tf.math.bincount(values, minlength=256, maxlength=256)  # (256,)
   used_bins = tf.boolean_mask(histogram, histogram > 0)
-  # Pixels per output level, leaving out the brightest used bin (it maps to the top).
-  step = (tf.reduce_sum(used_bins) - used_bins[-1]) // 255
-  safe_step = tf.maximum(step, 1)
-  lookup = (step // 2 + tf.cumsum(histogram, exclusive=True)) // safe_step
-  equalized = tf.gather(tf.clip_by_value(lookup, 0, 255), values)
-  return tf.cast(tf.where(step > 0, equalized, values), tf.uint8)
+  # Pixels per output level, leaving out the brightest used bin (it maps to 255).
+  step = tf.cast(tf.reduce_sum(used_bins) - used_bins[-1], tf.float32) / 255.0
+  below = tf.cast(tf.cumsum(histogram, exclusive=True), tf.float32)  # Pixels darker than each bin.
+  lookup = tf.floor((below + step / 2.0) / tf.maximum(step, 1e-6))
+  equalized = tf.gather(tf.cast(tf.clip_by_value(lookup, 0.0, 255.0), tf.int32), values)
+  return tf.cast(tf.where(step > 0, equalized, values), tf.uint8)  # One gray level: unchanged.
 
 
 def equalize(image):

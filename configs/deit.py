@@ -1,0 +1,34 @@
+"""Train a DeiT from scratch, optionally with hard distillation from a teacher.
+
+python -m vit_jax.main --config=configs/deit.py:DeiT-S_16,cifar10 --workdir=runs/deit \
+    --config.teacher=runs/teacher
+The argument is MODEL,DATASET. Defaults follow the DeiT recipe: AdamW, cosine decay,
+label smoothing, drop-path, RandAugment and mixup (CutMix is not implemented).
+"""
+
+from vit_jax.train.config import classification_config
+
+
+def get_config(arg: str = 'DeiT-S_16,cifar10'):
+  model, dataset = arg.split(',', 1)
+  config = classification_config(model)
+  config.model.droppath_rate = 0.1
+  config.data.dataset = dataset
+  config.data.image_size = 224
+  config.data.train_crop = 'inception_crop'
+  config.data.flip = True
+  config.data.randaugment_layers = 2
+  config.data.randaugment_magnitude = 9.0
+  config.data.mixup_alpha = 0.8
+  config.batch_size = 1024
+  config.eval_batch_size = 1024
+  config.total_steps = 100_000
+  config.optimizer.name = 'adamw'
+  config.optimizer.learning_rate = 1e-3  # 5e-4 per 512 images, as in DeiT.
+  config.optimizer.weight_decay = 0.05
+  config.optimizer.warmup_steps = 5_000
+  config.optimizer.grad_clip_norm = 0.0
+  config.label_smoothing = 0.1
+  config.eval_every = 5000
+  config.checkpoint_every = 5000
+  return config

@@ -1,0 +1,32 @@
+"""Fine-tune (or train) a ViT on a TFDS dataset or an image folder.
+
+python -m vit_jax.main --config=configs/vit.py:ViT-B_16,cifar10 --workdir=runs/b16 \
+    --config.pretrained=path/to/ViT-B_16.npz
+The argument is MODEL,DATASET: a registry name and a TFDS name or image-folder path.
+Defaults follow the ViT paper's fine-tuning recipe (SGD with momentum, cosine decay).
+"""
+
+from vit_jax.train.config import classification_config
+
+
+def get_config(arg: str = 'ViT-B_16,cifar10'):
+  model, dataset = arg.split(',', 1)
+  config = classification_config(model)
+  config.data.dataset = dataset
+  config.data.train_split = 'train[:98%]'  # Hold out 2% of train for model selection.
+  config.data.image_size = 224  # 384 matches the paper's fine-tuning resolution.
+  config.data.train_crop = 'inception_crop'
+  config.data.flip = True
+  config.data.eval_resize_ratio = 1.0
+  config.batch_size = 512
+  config.eval_batch_size = 512
+  config.total_steps = 10_000
+  config.optimizer.name = 'sgd'
+  config.optimizer.learning_rate = 0.03
+  config.optimizer.momentum = 0.9
+  config.optimizer.warmup_steps = 500
+  config.optimizer.schedule = 'cosine'
+  config.optimizer.grad_clip_norm = 1.0
+  config.eval_every = 1000
+  config.checkpoint_every = 1000
+  return config

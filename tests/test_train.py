@@ -1,0 +1,193 @@
+"""The image trainer end to end on digits with a tiny ViT: train, resume, evaluate,
+fine-tune, distil, accumulate, and the errors a user meets."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+
+from vit_jax import checkpoint as weights
+from vit_jax import main, models
+from vit_jax.train import config as config_lib
+from vit_jax.train import loop
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def tiny_config(**overrides):
+  config = config_lib.classification_config('ViT-testing')
+  config.model.patch_size = (4, 4)  # 8x8 digits -> 4 patches.
+  config.model.dropout_rate = 0.0
+  config.data.dataset = 'digits'
+  config.data.image_size = 8
+  config.batch_size = 32
+  config.eval_batch_size = 64  # 360 test digits: 5 full batches and a partial one.
+  config.total_steps = 20
+  config.optimizer.learning_rate = 1e-3
+  config.log_every = 5
+  config.eval_every = 10
+  config.checkpoint_every = 10
+  for key, value in overrides.items():
+    target = config
+    *parents, leaf = key.split('.')
+    for parent in parents:
+      target = target[parent]
+    target[leaf] = value
+  return config
+
+
+def read_metrics(workdir, split):
+  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
+    return [row for row in map(json.loads, f) if row['split'] == split]
+
+
+def test_train_writes_metrics_checkpoints_and_resumes(tmp_path):
+  workdir = str(tmp_path / 'run')
+  results = main.run(tiny_config(total_steps=40, eval_every=20, checkpoint_every=20,
+                                 log_every=10), workdir)
+  assert results['num_examples'] == 360  # Every test digit counted exactly once.
+  evals = read_metrics(workdir, 'test')
+  assert [row['step'] for row in evals] == [20, 40]
+  assert {'accuracy', 'loss'} <= set(evals[-1])
+  assert evals[-1]['accuracy'] > 0.2  # 40 steps of a tiny ViT: well above chance (0.1).
+  train_rows = read_metrics(workdir, 'train')
+  assert [row['step'] for row in train_rows] == [10, 20, 30, 40]
+  assert train_rows[-1]['loss'] < train_rows[0]['loss']
+  assert sorted(os.listdir(os.path.join(workdir, 'checkpoints'))) == ['20', '40']
+  assert os.listdir(os.path.join(workdir, 'tensorboard'))
+  assert json.load(open(os.path.join(workdir, 'config.json')))['model']['name'] == 'ViT-testing'
+
+  # The same command with more steps continues from step 40.
+  results = main.run(tiny_config(total_steps=50, log_every=10), workdir)
+  assert [row['step'] for row in read_metrics(workdir, 'train')][-2:] == [40, 50]
+  assert read_metrics(workdir, 'test')[-1]['step'] == 50
+
+  # trainer=evaluate reproduces the last evaluation from the checkpoint.
+  evaluated = main.run(tiny_config(trainer='evaluate', total_steps=50), workdir)
+  assert evaluated['accuracy'] == pytest.approx(results['accuracy'])
+  assert evaluated['num_examples'] == 360
+
+
+def test_workdir_of_another_model_is_refused(tmp_path):
+  workdir = str(tmp_path / 'run')
+  main.run(tiny_config(total_steps=10), workdir)
+  with pytest.raises(ValueError, match='written by a model of another shape'):
+    main.run(tiny_config(**{'total_steps': 20, 'model.hidden_size': 48}), workdir)
+
+
+def test_nan_loss_stops_and_names_the_step(tmp_path):
+  workdir = str(tmp_path / 'run')
+  config = tiny_config(**{'optimizer.learning_rate': 1e38, 'optimizer.grad_clip_norm': 0.0,
+                          'optimizer.name': 'sgd', 'optimizer.warmup_steps': 0,
+                          'checkpoint_every': 5, 'log_every': 5})
+  with pytest.raises(loop.TrainingDiverged, match=r'at step \d+; training stopped'):
+    main.run(config, workdir)
+
+
+def test_gradient_accumulation_matches_one_big_batch(tmp_path):
+  curves = []
+  for accum_steps in (1, 4):
+    workdir = str(tmp_path / f'accum{accum_steps}')
+    main.run(tiny_config(accum_steps=accum_steps, total_steps=10, log_every=1,
+                         eval_every=0, checkpoint_every=0), workdir)
+    curves.append([row['loss'] for row in read_metrics(workdir, 'train')])
+  np.testing.assert_allclose(curves[1], curves[0], rtol=2e-4)
+
+
+def _write_published_npz(path, image_size, num_classes):
+  """A checkpoint in the published layout from a model at another size."""
+  model = models.get_model('ViT-testing', num_classes=num_classes, patch_size=(4, 4))
+  variables = model.init(jax.random.PRNGKey(1), np.zeros((1, image_size, image_size, 3)))
+  params = jax.tree.map(lambda x: np.asarray(x) + 0.01, variables['params'])
+  weights.save_npz(path, params)
+
+
+def test_fine_tuning_from_a_published_npz(tmp_path):
+  npz = str(tmp_path / 'ViT-testing.npz')
+  _write_published_npz(npz, image_size=16, num_classes=5)  # 4x4 grid, 5 classes.
+  workdir = str(tmp_path / 'finetune')
+  config = tiny_config(pretrained=npz, total_steps=40, log_every=10, eval_every=0,
+                       checkpoint_every=0)
+  main.run(config, workdir)  # Digits: 2x2 grid, 10 classes.
+  losses = [row['loss'] for row in read_metrics(workdir, 'train')]
+  assert losses[-1] < losses[0]
+
+
+def test_deit_distils_from_a_teacher_workdir(tmp_path):
+  teacher = str(tmp_path / 'teacher')
+  main.run(tiny_config(total_steps=10), teacher)
+  config = tiny_config(teacher=teacher, total_steps=10, log_every=5)
+  config.model = config_lib.model_config('DeiT-testing')
+  config.model.patch_size = (4, 4)
+  results = main.run(config, str(tmp_path / 'student'))
+  rows = read_metrics(str(tmp_path / 'student'), 'train')
+  assert {'class_loss', 'dist_loss'} <= set(rows[-1])
+  assert results['num_examples'] == 360
+
+
+def test_teacher_needs_a_distillation_head(tmp_path):
+  with pytest.raises(ValueError, match='has no distillation head'):
+    main.run(tiny_config(teacher=str(tmp_path)), str(tmp_path / 'run'))
+
+
+def test_mixed_precision_trains(tmp_path):
+  results = main.run(tiny_config(mixed_precision=True, total_steps=10), str(tmp_path / 'run'))
+  assert np.isfinite(results['loss'])
+
+
+MULTI_DEVICE_SCRIPT = textwrap.dedent('''
+    import json, os, sys
+    os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=' + sys.argv[1]
+    sys.path.insert(0, os.path.join(sys.argv[3], 'tests'))
+    import jax
+    from test_train import tiny_config, read_metrics
+    from vit_jax import main
+    config = tiny_config(param_sharding=sys.argv[2], total_steps=6, log_every=1, eval_every=0,
+                         checkpoint_every=0)
+    try:
+      main.run(config, sys.argv[4])
+      print(json.dumps([row['loss'] for row in read_metrics(sys.argv[4], 'train')]))
+    except ValueError as error:
+      print(json.dumps(str(error)))
+''')
+
+
+def _run_with_devices(tmp_path, devices, sharding, name):
+  script = tmp_path / 'multi_device.py'
+  script.write_text(MULTI_DEVICE_SCRIPT)
+  out = subprocess.run([sys.executable, str(script), str(devices), sharding, REPO,
+                        str(tmp_path / name)], capture_output=True, text=True, check=True,
+                       env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_same_loss_curve_on_one_and_eight_devices(tmp_path):
+  one = _run_with_devices(tmp_path, 1, 'replicated', 'one')
+  data_parallel = _run_with_devices(tmp_path, 8, 'replicated', 'dp')
+  fsdp = _run_with_devices(tmp_path, 8, 'fsdp', 'fsdp')
+  assert len(one) == 6
+  np.testing.assert_allclose(data_parallel, one, rtol=1e-4)
+  np.testing.assert_allclose(fsdp, one, rtol=1e-4)
+
+
+def test_batch_not_divisible_by_devices(tmp_path):
+  script = tmp_path / 'multi_device.py'
+  script.write_text(MULTI_DEVICE_SCRIPT.replace("param_sharding=sys.argv[2],",
+                                                "param_sharding=sys.argv[2], batch_size=36,"))
+  out = subprocess.run([sys.executable, str(script), '8', 'replicated', REPO,
+                        str(tmp_path / 'run')], capture_output=True, text=True, check=True)
+  message = json.loads(out.stdout.strip().splitlines()[-1])
+  assert message.startswith('batch_size=36 is not divisible by the number of devices (8)')
+
+
+def test_locked_config_rejects_a_typo(tmp_path):
+  out = subprocess.run([sys.executable, '-m', 'vit_jax.main', '--config=configs/vit_digits.py',
+                        f'--workdir={tmp_path}', '--config.totl_steps=3'],
+                       capture_output=True, text=True, cwd=REPO)
+  assert out.returncode != 0
+  assert 'totl_steps' in out.stderr

@@ -1,0 +1,257 @@
+"""Image classification input pipeline: config, `build`, and per-host train/eval batch iterators.
+
+  ds = images.build(config.data, process_index=jax.process_index(),
+                    process_count=jax.process_count())
+  for batch in ds.train_batches(batch_size=local_batch, seed=config.seed):  # Endless.
+    ...  # {'image': float32 (B, H, W, C) in [-1, 1], 'label': int32 (B,)}
+         # (with mixup, 'label' is float32 (B, num_classes) soft labels summing to 1).
+  for batch in ds.eval_batches(batch_size=local_batch):  # One pass over this host's test share.
+    ...  # {'image', 'label': int32 (B,), 'mask': float32 (B,)}; padding examples have mask 0.
+
+Importing this module is cheap; TensorFlow is imported by `build`.
+"""
+
+from typing import Iterator
+
+import ml_collections
+import numpy as np
+
+_AUTOTUNE = -1  # tf.data.AUTOTUNE, spelled out so that building a config needs no TensorFlow.
+TRAIN_CROPS = ('inception_crop', 'resize_random_crop', 'pad_random_crop', 'resize')
+
+
+def default_config() -> ml_collections.ConfigDict:
+  """Every data knob with its default; defaults suit the embedded 'digits' dataset."""
+  config = ml_collections.ConfigDict()
+  # 'digits' (sklearn 8x8, embedded), a TFDS name ('cifar10', 'imagenet2012', 'oxford_iiit_pet',
+  # ...) or an image folder DIR laid out as DIR/{train,test}/<class>/*.{jpg,jpeg,png}.
+  config.dataset = 'digits'
+  config.train_split = 'train'  # TFDS split ('train[:98%]'), folder subdirectory, digits 'train'.
+  config.test_split = 'test'  # Likewise ('validation' for imagenet2012, 'train[98%:]', ...).
+  config.tfds_data_dir = None  # TFDS data_dir; None: TFDS's default ($TFDS_DATA_DIR or ~/...).
+  config.tfds_manual_dir = None  # Manually downloaded archives (imagenet2012); None: TFDS default.
+  config.tfds_download = True  # Run download_and_prepare when the TFDS dataset is not prepared.
+  config.image_size = 8  # Model input resolution (square); 8 is digits' own size.
+  config.channels = 3  # 3: RGB (grayscale repeated, alpha dropped); 1: grayscale.
+  # Train crop: 'inception_crop' | 'resize_random_crop' | 'pad_random_crop' | 'resize'.
+  config.train_crop = 'pad_random_crop'
+  config.inception_crop_min_area = 0.05  # inception_crop: smallest crop, as a fraction of area.
+  config.resize_ratio = 1.14  # resize_random_crop: resize to image_size * ratio, then crop.
+  config.crop_padding = 1  # pad_random_crop: zero pixels added per side before cropping back.
+  config.eval_resize_ratio = 1.0  # Eval: resize to image_size * ratio, keep the central crop.
+  config.flip = False  # Random horizontal flips in training (off: mirrored digits are no digits).
+  config.randaugment_layers = 0  # RandAugment ops per image; 0 disables (2 is usual).
+  config.randaugment_magnitude = 0.0  # RandAugment strength, 0..10 scale (up to 30); 0 disables.
+  config.randaugment_fill = 128  # Gray level for pixels that RandAugment's geometric ops uncover.
+  config.mixup_alpha = 0.0  # Mixup Beta(alpha, alpha) weight per batch; 0 disables (0.1-0.4).
+  config.shuffle_buffer = 10_000  # Train shuffle buffer, in examples (1: no shuffling).
+  config.prefetch = _AUTOTUNE  # Batches prepared ahead; -1: tf.data.AUTOTUNE.
+  # Keep decoded train examples (before augmentation) and preprocessed eval examples in memory.
+  config.cache = False
+  return config
+
+
+
+def _checked_config(config) -> ml_collections.ConfigDict:
+  """The defaults updated with `config`; unknown keys and out-of-range values raise ValueError."""
+  checked = default_config()
+  unknown = sorted(set(config.keys()) - set(checked.keys()))
+  if unknown:
+    raise ValueError(f'Unknown data config keys {unknown}; known keys: {sorted(checked.keys())}.')
+  checked.update(dict(config.items()))
+  problems = []
+
+  def require(ok: bool, key: str, expected: str):
+    if not ok:
+      problems.append(f'{key}={checked[key]!r} (expected {expected})')
+
+  def is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+  require(is_int(checked.image_size) and checked.image_size > 0, 'image_size', 'an int > 0')
+  require(checked.channels in (1, 3), 'channels', '1 or 3')
+  require(checked.train_crop in TRAIN_CROPS, 'train_crop', f'one of {TRAIN_CROPS}')
+  require(0 < checked.inception_crop_min_area <= 1, 'inception_crop_min_area', 'in (0, 1]')
+  require(checked.resize_ratio >= 1, 'resize_ratio', '>= 1')
+  require(checked.eval_resize_ratio >= 1, 'eval_resize_ratio', '>= 1')
+  require(is_int(checked.crop_padding) and checked.crop_padding >= 0, 'crop_padding', 'an int >= 0')
+  require(is_int(checked.randaugment_layers) and checked.randaugment_layers >= 0,
+          'randaugment_layers', 'an int >= 0')
+  require(0 <= checked.randaugment_magnitude <= 30, 'randaugment_magnitude', 'in [0, 30]')
+  require(0 <= checked.randaugment_fill <= 255, 'randaugment_fill', 'in [0, 255]')
+  require(checked.mixup_alpha >= 0, 'mixup_alpha', '>= 0')
+  require(is_int(checked.shuffle_buffer) and checked.shuffle_buffer >= 1, 'shuffle_buffer',
+          'an int >= 1')
+  require(is_int(checked.prefetch) and checked.prefetch >= -1, 'prefetch', '-1 (AUTOTUNE) or >= 0')
+  if problems:
+    raise ValueError('Invalid data config: ' + '; '.join(problems) + '.')
+  return checked
+
+
+class ImageDataset:
+  """One host's input pipeline over a dataset: its sizes and its train/eval batch iterators.
+
+  Attributes:
+    name: what was loaded ('digits', the TFDS name, or the image folder).
+    num_classes: number of label classes.
+    num_train_examples: examples in the whole train split (all hosts together).
+    num_test_examples: examples in the whole test split (all hosts together).
+    local_num_test_examples: examples in this host's share of the test split.
+    image_shape: (image_size, image_size, channels) of the preprocessed images.
+    skipped_files: files of an image folder left out because they are not PNG/JPEG images.
+  """
+
+  def __init__(self, config: ml_collections.ConfigDict, source, process_index: int,
+               process_count: int):
+    self.config = config
+    self._source = source
+    self._process_index = process_index
+    self._process_count = process_count
+    self._eval_datasets = {}  # batch_size -> tf.data.Dataset, reused so that caching pays off.
+    self.name = source.name
+    self.num_classes = source.num_classes
+    self.num_train_examples = source.num_train_examples
+    self.num_test_examples = source.num_test_examples
+    self.local_num_test_examples = source.local_num_test_examples
+    self.image_shape = (config.image_size, config.image_size, config.channels)
+    self.skipped_files = source.skipped_files
+
+  def __repr__(self):
+    return (f'ImageDataset({self.name!r}, num_classes={self.num_classes}, '
+            f'train={self.num_train_examples}, test={self.num_test_examples}, '
+            f'image_shape={self.image_shape}, host {self._process_index}/{self._process_count})')
+
+  def _decoded(self, records):
+    """Records -> {'image': uint8, 'label': int32}, dropping undecodable ones where they occur."""
+    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
+    if self._source.decode is None:
+      return records
+    decoded = records.map(self._source.decode, num_parallel_calls=tf.data.AUTOTUNE)
+    return decoded.ignore_errors(log_warning=True) if self._source.decode_can_fail else decoded
+
+  def _seeds(self, seed: int) -> tuple[int, int, int]:
+    """(shuffle, augmentation, mixup) seeds: reproducible from `seed`, different on each host."""
+    words = np.random.SeedSequence([seed, self._process_index]).generate_state(3)
+    return tuple(int(w) for w in words)
+
+  def train_dataset(self, batch_size: int, seed: int = 0):
+    """The endless tf.data.Dataset behind `train_batches` (for callers that want tf.data)."""
+    from vit_jax.data import augment, preprocess  # pylint: disable=g-import-not-at-top
+    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
+    config = self.config
+    shuffle_seed, augment_seed, mixup_seed = self._seeds(seed)
+    records = self._source.train(shuffle_seed)
+    # Shuffle small records (paths, encoded bytes) before decoding, unless decoded examples are
+    # cached: then decode once, cache, and shuffle the decoded examples.
+    if config.cache and self._source.decode is not None:
+      examples = self._decoded(records).cache().shuffle(config.shuffle_buffer, seed=shuffle_seed)
+      examples = examples.repeat()
+    else:
+      records = records.shuffle(config.shuffle_buffer, seed=shuffle_seed).repeat()
+      examples = self._decoded(records)
+
+    def seed_for(index):
+      return tf.stack([tf.constant(augment_seed, tf.int64), index])
+
+    if examples.element_spec['image'].shape.is_fully_defined():
+      # Images of one size: batch first, then preprocess whole batches (~10x less CPU).
+      def preprocess_batch(index, batch):
+        return {'image': preprocess.train_images(batch['image'], seed_for(index), config),
+                'label': batch['label']}
+
+      batches = examples.batch(batch_size, drop_remainder=True).enumerate()
+      batches = batches.map(preprocess_batch, num_parallel_calls=tf.data.AUTOTUNE)
+    else:
+      # Images of varying sizes: preprocess each (as a batch of one) to the common size.
+      def preprocess_example(index, example):
+        images = preprocess.train_images(example['image'][None], seed_for(index), config)
+        return {'image': images[0], 'label': example['label']}
+
+      batches = examples.enumerate().map(preprocess_example, num_parallel_calls=tf.data.AUTOTUNE)
+      batches = batches.batch(batch_size, drop_remainder=True)
+    if config.mixup_alpha > 0:
+
+      def mix(index, batch):
+        batch_seed = tf.stack([tf.constant(mixup_seed, tf.int64), index])
+        images, labels = augment.mixup(batch['image'], batch['label'], self.num_classes,
+                                       config.mixup_alpha, batch_seed)
+        return {'image': images, 'label': labels}
+
+      batches = batches.enumerate().map(mix, num_parallel_calls=tf.data.AUTOTUNE)
+    return batches.prefetch(config.prefetch)
+
+  def train_batches(self, batch_size: int, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
+    """Endless iterator over this host's shuffled, augmented train batches of numpy arrays.
+
+    Yields {'image': float32 (batch_size, H, W, C) in [-1, 1], 'label': int32 (batch_size,)};
+    with mixup_alpha > 0, 'label' is float32 (batch_size, num_classes) with rows summing to 1.
+    The same seed (and host) gives the same batches.
+    """
+    return self.train_dataset(batch_size, seed).as_numpy_iterator()
+
+  def num_eval_batches(self, batch_size: int) -> int:
+    """Batches per `eval_batches` pass; the same on every host (some get all-padding batches)."""
+    return -(-self._source.max_local_test_examples // batch_size)
+
+  def _eval_dataset(self, batch_size: int):
+    from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
+    config = self.config
+
+    def preprocess_example(example):
+      return {'image': preprocess.eval_images(example['image'], config),
+              'label': example['label'],
+              'mask': tf.constant(1.0, tf.float32)}
+
+    examples = self._decoded(self._source.test()).map(
+        preprocess_example, num_parallel_calls=tf.data.AUTOTUNE)
+    if config.cache:
+      examples = examples.cache()
+    padding = tf.data.Dataset.from_tensors({
+        'image': tf.zeros(self.image_shape, tf.float32),
+        'label': tf.constant(0, tf.int32),
+        'mask': tf.constant(0.0, tf.float32),
+    }).repeat()
+    num_padded = self.num_eval_batches(batch_size) * batch_size
+    examples = examples.concatenate(padding).take(num_padded)
+    return examples.batch(batch_size, drop_remainder=True).prefetch(config.prefetch)
+
+  def eval_batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """One deterministic pass over this host's test share, padded to whole batches.
+
+    Yields num_eval_batches(batch_size) dicts {'image': float32 (batch_size, H, W, C),
+    'label': int32 (batch_size,), 'mask': float32 (batch_size,)}: mask 1 for real examples, 0 for
+    padding. Across hosts every test example appears exactly once with mask 1.
+    """
+    if batch_size not in self._eval_datasets:
+      self._eval_datasets[batch_size] = self._eval_dataset(batch_size)
+    return self._eval_datasets[batch_size].as_numpy_iterator()
+
+
+def build(config, process_index: int | None = None,
+          process_count: int | None = None) -> ImageDataset:
+  """Builds the input pipeline described by `config` (see default_config) for one host.
+
+  Args:
+    config: the data ConfigDict (or dict); missing keys take default_config()'s values.
+    process_index: this host's index; None: jax.process_index().
+    process_count: number of hosts; None: jax.process_count().
+
+  Returns:
+    The ImageDataset for this host's share of the data.
+
+  Raises:
+    ValueError: unknown keys, invalid values, unknown dataset, or a malformed image folder.
+    RuntimeError: a TFDS dataset that is not prepared and cannot be prepared here.
+  """
+  if process_index is None or process_count is None:
+    import jax  # pylint: disable=g-import-not-at-top
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+  if not 0 <= process_index < process_count:
+    raise ValueError(
+        f'process_index={process_index} must be in [0, process_count={process_count}).')
+  config = _checked_config(ml_collections.ConfigDict(config))
+  from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
+  source = sources.load(config, process_index, process_count)
+  return ImageDataset(config, source, process_index, process_count)

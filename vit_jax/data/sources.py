@@ -1,0 +1,366 @@
+"""Where images come from: the embedded digits set, TFDS datasets, and image folders.
+
+`load` turns `config.dataset` into a `Source`: this host's share of the train and test splits as
+tf.data datasets of small records (arrays, encoded bytes or file paths), a `decode` function that
+turns a record into {'image': uint8 (H, W, C), 'label': int32 ()}, and the split sizes.
+Each split is divided among hosts like `tfds.even_splits` does it: with N examples and P hosts,
+every host gets N // P and the first N % P hosts one more.
+"""
+
+import concurrent.futures
+import dataclasses
+import difflib
+import os
+from typing import Any, Callable
+
+from absl import logging
+import ml_collections
+import numpy as np
+
+from vit_jax.data.tf_cpu import tf
+
+DIGITS_NUM_TEST = 360  # Of sklearn's 1797 digits; the other 1437 are the train split.
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
+_PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
+_JPEG_SIGNATURE = b'\xff\xd8\xff'
+_FOLDER_LAYOUT = 'DIR/{train,test}/<class name>/*.{jpg,jpeg,png}'
+_NUM_SKIPPED_NAMES_LOGGED = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """One host's share of a labelled image dataset, before decoding and preprocessing."""
+  name: str
+  num_classes: int
+  num_train_examples: int  # Whole train split, all hosts together.
+  num_test_examples: int  # Whole test split, all hosts together.
+  local_num_test_examples: int  # This host's share of the test split.
+  max_local_test_examples: int  # Largest share of any host: sets the eval batch count everywhere.
+  train: Callable[[int], Any]  # shuffle_seed -> tf.data.Dataset of this host's train records.
+  test: Callable[[], Any]  # () -> tf.data.Dataset of this host's test records, in a fixed order.
+  # record -> {'image': uint8 (H, W, C), 'label': int32 ()}; None: records are that already.
+  decode: Callable[[Any], dict] | None
+  decode_can_fail: bool = False  # True: records that fail to decode are dropped (image folders).
+  skipped_files: tuple[str, ...] = ()  # Files left out at load time (image folders).
+
+
+def host_range(num_examples: int, process_index: int, process_count: int) -> tuple[int, int]:
+  """[start, stop) of this host's share; the first num_examples % process_count get one more."""
+  base, extra = divmod(num_examples, process_count)
+  start = process_index * base + min(process_index, extra)
+  return start, start + base + int(process_index < extra)
+
+
+def _in_memory_source(name: str, num_classes: int, splits: dict[str, tuple[np.ndarray, np.ndarray]],
+                      process_index: int, process_count: int) -> Source:
+  """A Source over {'train' | 'test': (uint8 images (N, H, W, C), int labels (N,))} arrays."""
+  shares = {}
+  for split, (images, labels) in splits.items():
+    start, stop = host_range(len(labels), process_index, process_count)
+    shares[split] = {'image': images[start:stop], 'label': labels[start:stop].astype(np.int32)}
+
+  def train(shuffle_seed):
+    del shuffle_seed  # The pipeline shuffles; the records have no file order to shuffle.
+    return tf.data.Dataset.from_tensor_slices(shares['train'])
+
+  def test():
+    return tf.data.Dataset.from_tensor_slices(shares['test'])
+
+  num_test = len(splits['test'][1])
+  return Source(
+      name=name,
+      num_classes=num_classes,
+      num_train_examples=len(splits['train'][1]),
+      num_test_examples=num_test,
+      local_num_test_examples=len(shares['test']['label']),
+      max_local_test_examples=-(-num_test // process_count),
+      train=train,
+      test=test,
+      decode=None)
+
+
+def digits_splits() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """sklearn's 8x8 digits, split 1437 train / 360 test by a fixed permutation (seed 0).
+
+  Returns:
+    {'train' | 'test': (uint8 images (N, 8, 8, 1) with 0..16 scaled to 0..255, int64 labels (N,))}.
+  """
+  from sklearn import datasets  # pylint: disable=g-import-not-at-top
+  digits = datasets.load_digits()
+  images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]  # (1797, 8, 8, 1)
+  order = np.random.default_rng(0).permutation(len(images))
+  test_ids, train_ids = order[:DIGITS_NUM_TEST], order[DIGITS_NUM_TEST:]
+  return {
+      'train': (images[train_ids], digits.target[train_ids]),
+      'test': (images[test_ids], digits.target[test_ids]),
+  }
+
+
+def load_digits(config: ml_collections.ConfigDict, process_index: int,
+                process_count: int) -> Source:
+  """The embedded digits dataset (no download); splits are named 'train' and 'test'."""
+  arrays = digits_splits()
+  for key in ('train_split', 'test_split'):
+    if config[key] not in arrays:
+      raise ValueError(f"config.{key}={config[key]!r}, but the digits dataset only has splits "
+                       "'train' (1437 images) and 'test' (360 images).")
+  splits = {'train': arrays[config.train_split], 'test': arrays[config.test_split]}
+  return _in_memory_source('digits', 10, splits, process_index, process_count)
+
+
+# ------------------------------------------------------------------------------ TFDS
+
+
+def _tfds_split_size(builder, split) -> int:
+  """Number of examples in a TFDS split string / sub-split, from metadata when it has it."""
+  if builder.info.splits:  # Empty under tfds.testing.mock_data: fall back to counting.
+    try:
+      return builder.info.splits[split].num_examples
+    except (KeyError, ValueError) as e:
+      raise ValueError(f'Split {split!r} is not valid for TFDS dataset {builder.name!r}, whose '
+                       f'splits are {sorted(builder.info.splits)}: {e}') from e
+  cardinality = int(builder.as_dataset(split=split).cardinality())
+  if cardinality >= 0:
+    return cardinality
+  return sum(1 for _ in builder.as_dataset(split=split))
+
+
+def _prepare_tfds(builder, name: str, config: ml_collections.ConfigDict, tfds):
+  """Runs download_and_prepare if needed, or explains how to prepare the dataset elsewhere."""
+  if builder.is_prepared():
+    return
+  how = (f'Prepare it where there is network access (`tfds build {name} --data_dir=DIR`; '
+         'manual datasets such as imagenet2012 need their archives in --manual_dir first), copy '
+         'DIR to this machine and set config.data.tfds_data_dir=DIR.')
+  where = f'{builder.data_dir} (config.data.tfds_data_dir={config.tfds_data_dir!r})'
+  if not config.tfds_download:
+    raise RuntimeError(f'TFDS dataset {name!r} is not prepared in {where} and '
+                       f'config.data.tfds_download is False. {how}')
+  logging.info('Preparing TFDS dataset %s in %s', name, builder.data_dir)
+  try:
+    builder.download_and_prepare(
+        download_config=tfds.download.DownloadConfig(manual_dir=config.tfds_manual_dir))
+  except Exception as e:  # Offline, missing manual files, ...: all end here.
+    raise RuntimeError(f'TFDS dataset {name!r} is not prepared in {where}, and preparing it failed '
+                       f'({type(e).__name__}: {e}). {how}') from e
+
+
+def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_count: int,
+              builder=None) -> Source:
+  """A TFDS dataset with an 'image' feature and a 'label' ClassLabel feature."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  name = config.dataset
+  if builder is None:
+    builder = tfds.builder(name, data_dir=config.tfds_data_dir)
+  _prepare_tfds(builder, name, config, tfds)
+  features = builder.info.features
+  label_feature = features['label'] if 'label' in features else None
+  if 'image' not in features or not isinstance(label_feature, tfds.features.ClassLabel):
+    raise ValueError(f"TFDS dataset {name!r} needs an 'image' feature and a 'label' ClassLabel "
+                     f'feature to be used for classification; its features are {features}.')
+  image_feature = features['image']
+  skip_decoding = isinstance(image_feature, tfds.features.Image)
+
+  def host_split(split, index):
+    return tfds.split_for_jax_process(split, process_index=index, process_count=process_count)
+
+  decoders = {'image': tfds.decode.SkipDecoding()} if skip_decoding else None
+  train_split = host_split(config.train_split, process_index)
+  test_split = host_split(config.test_split, process_index)
+
+  def image_and_label(example):
+    return {'image': example['image'], 'label': example['label']}
+
+  def records(split, **kwargs):
+    return builder.as_dataset(split=split, decoders=decoders, **kwargs).map(image_and_label)
+
+  def train(shuffle_seed):
+    return records(train_split, shuffle_files=True,
+                   read_config=tfds.ReadConfig(shuffle_seed=shuffle_seed))
+
+  def test():
+    return records(test_split, shuffle_files=False)
+
+  def decode(record):
+    image = image_feature.decode_example(record['image']) if skip_decoding else record['image']
+    return {'image': image, 'label': tf.cast(record['label'], tf.int32)}
+
+  test_shares = [_tfds_split_size(builder, host_split(config.test_split, i))
+                 for i in range(process_count)]
+  return Source(
+      name=name,
+      num_classes=label_feature.num_classes,
+      num_train_examples=_tfds_split_size(builder, config.train_split),
+      num_test_examples=_tfds_split_size(builder, config.test_split),
+      local_num_test_examples=test_shares[process_index],
+      max_local_test_examples=max(test_shares),
+      train=train,
+      test=test,
+      decode=decode)
+
+
+# ------------------------------------------------------------------------------ Image folders
+
+
+def _has_image_signature(path: str) -> bool:
+  """True when the file starts like a PNG or a JPEG."""
+  try:
+    with open(path, 'rb') as f:
+      head = f.read(len(_PNG_SIGNATURE))
+  except OSError:
+    return False
+  return head.startswith(_PNG_SIGNATURE) or head.startswith(_JPEG_SIGNATURE)
+
+
+def _list_class_dirs(split_dir: str) -> list[str]:
+  return sorted(entry.name for entry in os.scandir(split_dir)
+                if entry.is_dir() and not entry.name.startswith('.'))
+
+
+def _list_images(split_dir: str, class_names: list[str]) -> tuple[list[str], list[int]]:
+  """Image file paths (sorted per class) and their labels = index into class_names."""
+  paths, labels = [], []
+  for label, class_name in enumerate(class_names):
+    class_dir = os.path.join(split_dir, class_name)
+    if not os.path.isdir(class_dir):
+      continue  # A class with no examples in this split.
+    names = sorted(entry.name for entry in os.scandir(class_dir)
+                   if entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS))
+    paths.extend(os.path.join(class_dir, n) for n in names)
+    labels.extend([label] * len(names))
+  return paths, labels
+
+
+def _drop_non_images(paths: list[str], labels: list[int]) -> tuple[list[str], list[int], list[str]]:
+  """Splits off the files that are not PNG/JPEG by content (empty, truncated, HTML, ...)."""
+  with concurrent.futures.ThreadPoolExecutor(max_workers=16) as pool:
+    is_image = list(pool.map(_has_image_signature, paths))
+  kept = [(p, l) for p, l, ok in zip(paths, labels, is_image) if ok]
+  skipped = [p for p, ok in zip(paths, is_image) if not ok]
+  return [p for p, _ in kept], [l for _, l in kept], skipped
+
+
+def load_folder(config: ml_collections.ConfigDict, process_index: int,
+                process_count: int) -> Source:
+  """Images in DIR/<split>/<class>/*.{jpg,jpeg,png}; labels are the sorted class names' indices.
+
+  Classes come from the train split's subdirectories. Files whose content is not PNG/JPEG are
+  skipped with a warning (count and first names) and listed in `Source.skipped_files`; files that
+  look like PNG/JPEG but fail to decode while reading are dropped with a TensorFlow warning.
+  """
+  root = os.path.expanduser(config.dataset)
+  split_dirs = {key: os.path.join(root, config[key]) for key in ('train_split', 'test_split')}
+  for key, split_dir in split_dirs.items():
+    if not os.path.isdir(split_dir):
+      raise ValueError(f'Image folder {root!r} has no {config[key]!r} subdirectory '
+                       f'(config.data.{key}); expected the layout {_FOLDER_LAYOUT}.')
+  class_names = _list_class_dirs(split_dirs['train_split'])
+  unknown = sorted(set(_list_class_dirs(split_dirs['test_split'])) - set(class_names))
+  if unknown:
+    raise ValueError(f'Test folder {split_dirs["test_split"]!r} has classes {unknown} that the '
+                     f'train folder {split_dirs["train_split"]!r} does not have; labels come from '
+                     'the train folder, so every test class needs a train folder too.')
+
+  shares, sizes, skipped_files = {}, {}, []
+  for key, split_dir in split_dirs.items():
+    paths, labels = _list_images(split_dir, class_names)
+    if not paths:
+      raise ValueError(f'No images in {split_dir!r}: expected the layout {_FOLDER_LAYOUT}.')
+    paths, labels, skipped = _drop_non_images(paths, labels)
+    if skipped:
+      skipped_files.extend(skipped)
+      logging.warning('Skipped %d of %d files in %s that are not PNG or JPEG images, e.g. %s',
+                      len(skipped), len(paths) + len(skipped), split_dir,
+                      skipped[:_NUM_SKIPPED_NAMES_LOGGED])
+    if not paths:
+      raise ValueError(f'None of the image files in {split_dir!r} is a PNG or JPEG image.')
+    # A fixed shuffle so that each host's contiguous share holds all classes.
+    order = np.random.default_rng(0).permutation(len(paths))
+    start, stop = host_range(len(paths), process_index, process_count)
+    share = order[start:stop]
+    shares[key] = {'path': np.array(paths, dtype=object)[share].astype(str),
+                   'label': np.array(labels, dtype=np.int32)[share]}
+    sizes[key] = len(paths)
+
+  def dataset(key):
+    # An empty share (more hosts than images) still needs typed columns.
+    paths, labels = shares[key]['path'], shares[key]['label']
+    columns = {'path': tf.constant(paths, tf.string, shape=[len(paths)]),
+               'label': tf.constant(labels, tf.int32)}
+    return tf.data.Dataset.from_tensor_slices(columns)
+
+  def decode(record):
+    image = tf.io.decode_image(tf.io.read_file(record['path']), channels=config.channels,
+                               expand_animations=False)
+    return {'image': image, 'label': record['label']}
+
+  def train(shuffle_seed):
+    del shuffle_seed  # The pipeline shuffles the paths.
+    return dataset('train_split')
+
+  return Source(
+      name=root,
+      num_classes=len(class_names),
+      num_train_examples=sizes['train_split'],
+      num_test_examples=sizes['test_split'],
+      local_num_test_examples=len(shares['test_split']['label']),
+      max_local_test_examples=-(-sizes['test_split'] // process_count),
+      train=train,
+      test=lambda: dataset('test_split'),
+      decode=decode,
+      decode_can_fail=True,
+      skipped_files=tuple(skipped_files))
+
+
+# ------------------------------------------------------------------------------ Dispatch
+
+
+def _unknown_dataset_error(config: ml_collections.ConfigDict, tfds_error: Exception) -> ValueError:
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  name = config.dataset
+  if os.path.isdir(os.path.expanduser(name)):
+    as_folder = (f'a directory, but without a {config.train_split!r} subdirectory for an image '
+                 f'folder ({_FOLDER_LAYOUT})')
+  else:
+    as_folder = 'not an existing directory'
+  base_name = name.split('/')[0].split(':')[0]  # Without '/config' or ':version'.
+  close = difflib.get_close_matches(base_name, tfds.list_builders(), n=5, cutoff=0.6)
+  suggestion = f' Close TFDS names: {", ".join(close)}.' if close else ''
+  return ValueError(
+      f"Unknown dataset {name!r} (config.data.dataset): it is not 'digits', it is {as_folder}, and "
+      'it is neither a registered TFDS builder nor a dataset prepared in '
+      f'tfds_data_dir={config.tfds_data_dir!r} ({type(tfds_error).__name__}).{suggestion}')
+
+
+def _folder_error(config: ml_collections.ConfigDict) -> ValueError:
+  folder = config.dataset
+  if os.path.isdir(os.path.expanduser(folder)):
+    problem = f'has no {config.train_split!r} subdirectory (config.data.train_split)'
+  else:
+    problem = 'does not exist'
+  return ValueError(f'Image folder {folder!r} (config.data.dataset) {problem}; expected the '
+                    f'layout {_FOLDER_LAYOUT}.')
+
+
+def load(config: ml_collections.ConfigDict, process_index: int, process_count: int) -> Source:
+  """'digits', then an image folder (a directory with a train_split subdirectory), then TFDS.
+
+  Names starting with '/', '.' or '~' are folder paths and never TFDS names.
+  """
+  name = config.dataset
+  if name == 'digits':
+    return load_digits(config, process_index, process_count)
+  if os.path.isdir(os.path.join(os.path.expanduser(name), config.train_split)):
+    return load_folder(config, process_index, process_count)
+  if name.startswith(('/', '.', '~')):
+    raise _folder_error(config)
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    builder = tfds.builder(name, data_dir=config.tfds_data_dir)
+  except tfds.core.DatasetNotFoundError as e:
+    raise _unknown_dataset_error(config, e) from None
+  except ValueError as e:
+    if not str(e).startswith('Parsing builder name string'):
+      raise  # E.g. an unknown config of a known dataset: TFDS's message lists the close ones.
+    raise _unknown_dataset_error(config, e) from None
+  return load_tfds(config, process_index, process_count, builder=builder)

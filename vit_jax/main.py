@@ -1,0 +1,48 @@
+"""Command line: `python -m vit_jax.main --config=configs/FILE.py[:ARGS] --workdir=DIR`.
+
+Flags -> config -> trainer. `--config.KEY=VALUE` overrides any config field;
+unknown fields are an error (the config is locked).
+"""
+
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py).',
+                                          lock_config=True)
+_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
+
+
+def run(config, workdir: str):
+  """Builds the task named by `config.task` and runs `config.trainer` on it."""
+  from vit_jax.train import loop  # Imported here so that --help stays fast.
+  tasks = {'classification': 'vit_jax.train.classification:ClassificationTask'}
+  trainers = {'train': loop.train, 'evaluate': loop.evaluate}
+  if config.task not in tasks:
+    raise ValueError(f'Unknown config.task {config.task!r}; choose one of {sorted(tasks)}.')
+  if config.trainer not in trainers:
+    raise ValueError(f'Unknown config.trainer {config.trainer!r}; choose one of '
+                     f'{sorted(trainers)}.')
+  module_name, class_name = tasks[config.task].split(':')
+  task = getattr(__import__(module_name, fromlist=[class_name]), class_name)(config)
+  return trainers[config.trainer](config, workdir, task)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
+  if _CONFIG.value is None or _WORKDIR.value is None:
+    raise app.UsageError('Both --config and --workdir are required, e.g.\n  python -m '
+                         'vit_jax.main --config=configs/vit_digits.py --workdir=runs/digits')
+  if not flags.FLAGS['verbosity'].present:
+    logging.set_verbosity(logging.WARNING)  # Orbax and TF are chatty at INFO.
+  try:
+    run(_CONFIG.value, _WORKDIR.value)
+  except (ValueError, FileNotFoundError, RuntimeError) as error:
+    print(f'error: {error}', file=sys.stderr)
+    sys.exit(1)
+
+
+if __name__ == '__main__':
+  app.run(main)

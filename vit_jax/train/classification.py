@@ -1,0 +1,138 @@
+"""Image classification: ViT / hybrid / DeiT on digits, TFDS or image folders.
+
+Plugs into the shared loop (`vit_jax.train.loop`) as a `Task`.
+"""
+
+import os
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import optax
+
+from vit_jax import checkpoint as weights
+from vit_jax import models
+from vit_jax.data import images
+from vit_jax.train import checkpointing, metrics as metrics_lib
+
+
+def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0) -> jax.Array:
+  """Per-example softmax cross-entropy; `labels` are class ids (B,) or soft (B, C)."""
+  num_classes = logits.shape[-1]
+  targets = jax.nn.one_hot(labels, num_classes) if labels.ndim == 1 else labels
+  if label_smoothing:
+    targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
+  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
+
+
+def build_model(model_config: ml_collections.ConfigDict, num_classes: int,
+                mixed_precision: bool = False):
+  settings = {k: v for k, v in model_config.items() if k != 'name'}
+  if mixed_precision:
+    settings['dtype'] = jnp.bfloat16
+  return models.get_model(model_config.name, num_classes=num_classes, **settings)
+
+
+def _params_of_workdir(workdir: str) -> dict:
+  return checkpointing.Checkpointer(workdir).restore_params()
+
+
+def load_weights(path: str, init_params: Any, reinit_head: bool = False) -> Any:
+  """Weights from a published .npz or a vit_jax workdir, fitted to `init_params`."""
+  if os.path.isdir(path):
+    source = _params_of_workdir(path)
+  elif path.endswith('.npz') or weights.is_remote(path):
+    source = path
+  else:
+    raise ValueError(f'Cannot load weights from {path!r}: expected a .npz checkpoint or the '
+                     'workdir of a vit_jax run.')
+  return weights.load_pretrained(source, init_params, reinit_head=reinit_head)
+
+
+class ClassificationTask:
+  """Model, data, loss and metrics of image classification."""
+
+  def __init__(self, config: ml_collections.ConfigDict):
+    self.config = config
+    self.data = images.build(config.data)
+    process_count = jax.process_count()
+    self.local_batch_size = config.batch_size // process_count
+    self.local_eval_batch_size = config.eval_batch_size // process_count
+    self.model = build_model(config.model, self.data.num_classes, config.mixed_precision)
+    self.distilled = self.model.classifier == 'token_distill'
+    self.teacher = None
+    self._teacher_params = None
+    if config.get('teacher'):
+      if not self.distilled:
+        raise ValueError(f'config.teacher is set but model {config.model.name} has no '
+                         "distillation head; use a DeiT model (classifier='token_distill').")
+      self.teacher, self._teacher_params = self._load_teacher(config.teacher)
+
+  def _dummy_images(self):
+    return jnp.zeros((1, *self.data.image_shape), jnp.float32)
+
+  def _load_teacher(self, path: str):
+    if os.path.isdir(path):
+      teacher_config = checkpointing.load_config(path)
+      model_config = teacher_config.model
+    else:
+      if not self.config.get('teacher_model'):
+        raise ValueError(f'Teacher {path!r} is a weights file: set config.teacher_model to '
+                         'its model name (e.g. ViT-B_16).')
+      model_config = ml_collections.ConfigDict({'name': self.config.teacher_model})
+    teacher = build_model(model_config, self.data.num_classes)
+    init = jax.eval_shape(lambda: teacher.init(jax.random.PRNGKey(0), self._dummy_images()))
+    params = load_weights(path, init['params'])
+    metrics_lib.log(f'Distilling from teacher {model_config.name} at {path}.')
+    return teacher, params
+
+  # --- Task interface -------------------------------------------------------
+
+  def init_params(self, rng):
+    return self.model.init(rng, self._dummy_images())['params']
+
+  def initial_params(self, params):
+    if not self.config.get('pretrained'):
+      return params
+    metrics_lib.log(f'Loading pretrained weights from {self.config.pretrained}.')
+    return load_weights(self.config.pretrained, jax.device_get(params),
+                        reinit_head=self.config.reinit_head)
+
+  def frozen_params(self):
+    return self._teacher_params
+
+  def loss(self, params, batch, rng, frozen):
+    output = self.model.apply({'params': params}, batch['image'], train=True,
+                              rngs={'dropout': rng})
+    smoothing = self.config.label_smoothing
+    if not self.distilled:
+      return jnp.mean(cross_entropy(output, batch['label'], smoothing)), {}
+    logits, logits_dist = output
+    if self.teacher is None:
+      dist_labels = batch['label']
+    else:  # Hard distillation: the teacher's top class is the distillation label.
+      teacher_logits = self.teacher.apply({'params': frozen}, batch['image'])
+      dist_labels = jnp.argmax(jax.lax.stop_gradient(teacher_logits), axis=-1)
+    class_loss = jnp.mean(cross_entropy(logits, batch['label'], smoothing))
+    dist_loss = jnp.mean(cross_entropy(logits_dist, dist_labels, smoothing))
+    return (class_loss + dist_loss) / 2, {'class_loss': class_loss, 'dist_loss': dist_loss}
+
+  def eval_sums(self, params, batch):
+    logits = self.model.apply({'params': params}, batch['image'])
+    mask = batch['mask']
+    return {'loss': jnp.sum(cross_entropy(logits, batch['label']) * mask),
+            'correct': jnp.sum((jnp.argmax(logits, -1) == batch['label']) * mask),
+            'count': jnp.sum(mask)}
+
+  def eval_summary(self, sums):
+    count = float(sums['count'])
+    return {'accuracy': float(sums['correct']) / count, 'loss': float(sums['loss']) / count,
+            'num_examples': count}
+
+  def train_batches(self):
+    return self.data.train_batches(self.local_batch_size, seed=self.config.seed)
+
+  def eval_batches(self):
+    return self.data.eval_batches(self.local_eval_batch_size)
+

@@ -1,0 +1,40 @@
+"""The trainer's config: every knob with its default. configs/*.py start from here."""
+
+import ml_collections
+
+from vit_jax.data import images
+from vit_jax.models import registry
+from vit_jax.train import optim
+
+
+def model_config(name: str) -> ml_collections.ConfigDict:
+  """The registry entry `name` as a ConfigDict; fields override the registry's settings."""
+  config = ml_collections.ConfigDict(registry.model_config(name))
+  config.name = name  # Registry entry; see `vit_jax.models.model_names()`.
+  return config
+
+
+def classification_config(model: str = 'ViT-B_16') -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.task = 'classification'  # What is trained: 'classification' (images).
+  config.trainer = 'train'  # What runs: 'train' or 'evaluate' (the latest checkpoint).
+  config.seed = 0  # Parameter init, dropout and data order.
+  config.model = model_config(model)  # Registry name + overrides (dtype, dropout, ...).
+  config.data = images.default_config()  # Dataset, preprocessing, augmentation.
+  config.batch_size = 512  # Global training batch (all devices, all hosts).
+  config.eval_batch_size = 512  # Global eval batch; the last partial batch is masked.
+  config.total_steps = 10_000  # Optimizer updates.
+  config.accum_steps = 1  # Split each batch into this many microbatches (less memory).
+  config.optimizer = optim.default_config()  # Optimizer and learning-rate schedule.
+  config.label_smoothing = 0.0  # Label smoothing of the cross-entropy targets.
+  config.mixed_precision = False  # bfloat16 compute with float32 parameters.
+  config.param_sharding = 'replicated'  # 'replicated' or 'fsdp' (params on the data axis).
+  config.pretrained = ''  # Weights to start from: a published .npz or a vit_jax workdir.
+  config.reinit_head = False  # Re-initialise the head even when the class count matches.
+  config.teacher = ''  # DeiT: a teacher's vit_jax workdir or .npz (hard distillation).
+  config.teacher_model = ''  # DeiT: the teacher's model name when `teacher` is a .npz.
+  config.log_every = 50  # Steps between progress lines (and NaN checks).
+  config.eval_every = 1000  # Steps between evaluations (0: only at the end).
+  config.checkpoint_every = 1000  # Steps between checkpoints (0: only at the end).
+  config.keep_checkpoints = 2  # Checkpoints kept in WORKDIR/checkpoints.
+  return config

@@ -1,0 +1,276 @@
+"""The one training loop shared by every task (image classification, translation).
+
+A task supplies the model-specific parts (see `Task`); the loop owns the mesh,
+the jit-compiled sharded train step, gradient accumulation, checkpoints,
+evaluation, logging and resuming.
+"""
+
+import queue
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator, Protocol
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+
+from vit_jax.train import checkpointing, mesh as mesh_lib, metrics as metrics_lib, optim
+
+State = dict[str, Any]  # {'step', 'params', 'opt_state', 'rng'}
+
+
+class Task(Protocol):
+  """The model-specific half of training."""
+
+  def init_params(self, rng: jax.Array) -> Any:
+    """Fresh parameters (traced under jit; must be a pure function of `rng`)."""
+
+  def initial_params(self, params: Any) -> Any:
+    """Host-side hook on fresh params, e.g. load pretrained weights into them."""
+
+  def frozen_params(self) -> Any:
+    """Arrays the loss reads but never trains (e.g. a teacher's params), or None."""
+
+  def loss(self, params: Any, batch: dict, rng: jax.Array,
+           frozen: Any) -> tuple[jax.Array, dict]:
+    """Mean training loss of a (micro)batch and scalar metrics to log."""
+
+  def eval_sums(self, params: Any, batch: dict) -> dict:
+    """Per-batch sums of eval metrics over examples with `batch['mask'] == 1`."""
+
+  def eval_summary(self, sums: dict) -> dict:
+    """Turns summed eval metrics into the figures to report."""
+
+  def train_batches(self) -> Iterator[dict]:
+    """This process's training batches (numpy), forever."""
+
+  def eval_batches(self) -> Iterable[dict]:
+    """This process's test batches, one pass, padded with `mask` 0."""
+
+
+class TrainingDiverged(RuntimeError):
+  """The loss became NaN or infinite."""
+
+
+def _init_state(task: Task, tx: optax.GradientTransformation, rng: jax.Array) -> State:
+  params_rng, train_rng = jax.random.split(rng)
+  params = task.init_params(params_rng)
+  return {'step': jnp.zeros((), jnp.int32), 'params': params,
+          'opt_state': tx.init(params), 'rng': train_rng}
+
+
+def state_shardings(abstract_state: State, mesh, param_sharding: str) -> State:
+  replicated = mesh_lib.replicated(mesh)
+  return {'step': replicated, 'rng': replicated,
+          'params': mesh_lib.tree_shardings(abstract_state['params'], mesh, param_sharding),
+          'opt_state': mesh_lib.tree_shardings(abstract_state['opt_state'], mesh,
+                                               param_sharding)}
+
+
+def _split_microbatches(batch: dict, accum_steps: int) -> dict:
+  """(B, ...) -> (accum_steps, B / accum_steps, ...); microbatch i = examples i::accum."""
+  def split(x):
+    x = x.reshape((x.shape[0] // accum_steps, accum_steps) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1)
+  return jax.tree.map(split, batch)
+
+
+def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: Callable,
+                    accum_steps: int) -> Callable[[State, dict, Any], tuple[State, dict]]:
+  """One optimizer update from one global batch, accumulating over microbatches."""
+
+  def train_step(state: State, batch: dict, frozen: Any) -> tuple[State, dict]:
+    grad_fn = jax.value_and_grad(lambda p, b, r: task.loss(p, b, r, frozen), has_aux=True)
+    rng = jax.random.fold_in(state['rng'], state['step'])  # Per-step dropout keys.
+    if accum_steps == 1:
+      (loss, metrics), grads = grad_fn(state['params'], batch, rng)
+    else:
+      def accumulate(carry, microbatch_and_index):
+        microbatch, index = microbatch_and_index
+        (loss, metrics), grads = grad_fn(state['params'], microbatch,
+                                         jax.random.fold_in(rng, index))
+        return jax.tree.map(jnp.add, carry, (loss, metrics, grads)), None
+      zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
+          grad_fn, state['params'], jax.tree.map(lambda x: x[0], _split_microbatches(
+              batch, accum_steps)), rng))
+      (loss, metrics), grads = zeros
+      total, _ = jax.lax.scan(accumulate, (loss, metrics, grads),
+                              (_split_microbatches(batch, accum_steps),
+                               jnp.arange(accum_steps)))
+      loss, metrics, grads = jax.tree.map(lambda x: x / accum_steps, total)
+    updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
+    params = optax.apply_updates(state['params'], updates)
+    metrics = {**metrics, 'loss': loss, 'grad_norm': optax.global_norm(grads),
+               'learning_rate': schedule(state['step'])}
+    return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state,
+            'rng': state['rng']}, metrics
+
+  return train_step
+
+
+def _prefetch(batches: Iterator[dict], mesh, size: int = 2) -> Iterator[dict]:
+  """Assembles global device batches in a background thread, `size` ahead."""
+  buffer: queue.Queue = queue.Queue(maxsize=size)
+  sentinel = object()
+
+  def producer():
+    try:
+      for batch in batches:
+        buffer.put(mesh_lib.global_batch(batch, mesh))
+      buffer.put(sentinel)
+    except BaseException as error:  # Re-raised in the consumer.
+      buffer.put(error)
+
+  threading.Thread(target=producer, daemon=True).start()
+  while True:
+    item = buffer.get()
+    if item is sentinel:
+      return
+    if isinstance(item, BaseException):
+      raise item
+    yield item
+
+
+def evaluate_params(task: Task, params: Any, mesh, num_batches: int | None = None) -> dict:
+  """Runs the eval split once; sums on device, one transfer at the end."""
+  eval_sums = jax.jit(task.eval_sums)
+  totals = None
+  for batch in task.eval_batches():
+    sums = eval_sums(params, mesh_lib.global_batch(batch, mesh))
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  if totals is None:
+    raise ValueError('The test split is empty: there is nothing to evaluate.')
+  return task.eval_summary(jax.device_get(totals))
+
+
+def _first_nonfinite(pending: list[tuple[int, dict]]) -> int | None:
+  for step, metrics in pending:
+    if not np.isfinite(metrics['loss']):
+      return step
+  return None
+
+
+def _mean_metrics(pending: list[tuple[int, dict]]) -> dict:
+  return {k: float(np.mean([m[k] for _, m in pending])) for k in pending[0][1]}
+
+
+def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
+  """Trains `task` for `config.total_steps`, resuming from WORKDIR's latest checkpoint.
+
+  Returns the last evaluation's figures.
+  """
+  mesh = mesh_lib.make_mesh()
+  mesh_lib.check_batch_size(config.batch_size, mesh)
+  mesh_lib.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
+  if config.batch_size % (config.accum_steps * mesh.size):
+    raise ValueError(f'batch_size={config.batch_size} must split into accum_steps='
+                     f'{config.accum_steps} microbatches divisible by the {mesh.size} '
+                     'device(s).')
+  tx, schedule = optim.make_optimizer(config.optimizer, config.total_steps)
+  rng = jax.random.PRNGKey(config.seed)
+  abstract = jax.eval_shape(lambda r: _init_state(task, tx, r), rng)
+  shardings = state_shardings(abstract, mesh, config.param_sharding)
+  checkpointing.save_config(workdir, config)
+  checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
+
+  start_step = checkpointer.latest_step()
+  if start_step is not None:
+    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                          abstract, shardings)
+    state = checkpointer.restore(target)
+    metrics_lib.log(f'Resumed from the checkpoint at step {start_step} in '
+                    f'{checkpointer.directory}.')
+  else:
+    start_step = 0
+    params_rng, train_rng = jax.random.split(rng)
+    params = jax.jit(task.init_params, out_shardings=shardings['params'])(params_rng)
+    params = jax.device_put(task.initial_params(params), shardings['params'])
+    opt_state = jax.jit(tx.init, out_shardings=shardings['opt_state'])(params)
+    state = {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': opt_state,
+             'rng': train_rng}
+    state = jax.device_put(state, shardings)
+
+  train_step = jax.jit(make_train_step(task, tx, schedule, config.accum_steps),
+                       in_shardings=(shardings, mesh_lib.batch_sharding(mesh),
+                                     mesh_lib.replicated(mesh)),
+                       out_shardings=(shardings, mesh_lib.replicated(mesh)),
+                       donate_argnums=0)
+  writer = metrics_lib.MetricWriter(workdir)
+  progress = metrics_lib.Progress(start_step, config.total_steps, config.batch_size)
+  frozen = jax.device_put(task.frozen_params(), mesh_lib.replicated(mesh))
+  batches = _prefetch(task.train_batches(), mesh)
+  pending: list[tuple[int, dict]] = []
+  last_eval = {}
+  metrics_lib.log(f'Training {config.total_steps} steps of batch {config.batch_size} on '
+                  f'{mesh.size} device(s) ({jax.devices()[0].platform}), from step '
+                  f'{start_step}; workdir {workdir}.')
+  try:
+    for step in range(start_step + 1, config.total_steps + 1):
+      wait_start = time.perf_counter()
+      batch = next(batches)
+      progress.add_data_wait(time.perf_counter() - wait_start)
+      state, step_metrics = train_step(state, batch, frozen)
+      pending.append((step, step_metrics))
+
+      is_last = step == config.total_steps
+      do_eval = is_last or (config.eval_every and step % config.eval_every == 0)
+      do_save = is_last or (config.checkpoint_every and step % config.checkpoint_every == 0)
+      if do_eval or do_save or step % config.log_every == 0:
+        pending = jax.device_get(pending)
+        bad_step = _first_nonfinite(pending)
+        if bad_step is not None:
+          last_good = checkpointer.latest_step()
+          raise TrainingDiverged(
+              f'The loss became {pending[bad_step - pending[0][0]][1]["loss"]} at step '
+              f'{bad_step}; training stopped. The last good checkpoint is step '
+              f'{last_good} in {checkpointer.directory}. Lower the learning rate or '
+              'enable gradient clipping, then rerun to resume from it.')
+        train_metrics = _mean_metrics(pending)
+        stats = progress.report(step)
+        writer.write(step, 'train', {**train_metrics, **stats})
+        metrics_lib.log(
+            f'step {step}/{config.total_steps}  loss {train_metrics["loss"]:.4f}  '
+            f'lr {train_metrics["learning_rate"]:.2e}  '
+            f'{stats["examples_per_sec"]:.0f} ex/s  '
+            f'data wait {100 * stats["data_wait_fraction"]:.0f}%  '
+            f'ETA {metrics_lib.format_duration(stats["eta"])}')
+        pending = []
+      if do_eval:
+        last_eval = evaluate_params(task, state['params'], mesh)
+        writer.write(step, 'test', last_eval)
+        metrics_lib.log(f'eval at step {step}: ' + '  '.join(
+            f'{k} {v:.4f}' for k, v in last_eval.items()))
+      if do_save:
+        checkpointer.save(step, state)
+    metrics_lib.log(progress.summary())
+  finally:
+    checkpointer.close()
+    writer.close()
+  return last_eval
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
+  """Evaluates the latest checkpoint in WORKDIR on the test split."""
+  mesh = mesh_lib.make_mesh()
+  mesh_lib.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
+  checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
+  step = checkpointer.latest_step()
+  if step is None:
+    raise FileNotFoundError(f'No checkpoint to evaluate in {checkpointer.directory}; '
+                            'train first, or point --workdir at a trained run.')
+  tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
+  abstract = jax.eval_shape(lambda r: _init_state(task, tx, r), jax.random.PRNGKey(0))
+  shardings = state_shardings(abstract, mesh, config.param_sharding)
+  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shardings)
+  state = checkpointer.restore(target, step)
+  checkpointer.close()
+  results = evaluate_params(task, state['params'], mesh)
+  writer = metrics_lib.MetricWriter(workdir)
+  writer.write(step, 'test', results)
+  writer.close()
+  metrics_lib.log(f'eval of step {step}: ' + '  '.join(f'{k} {v:.4f}'
+                                                        for k, v in results.items()))
+  return results

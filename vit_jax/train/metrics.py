@@ -1,0 +1,84 @@
+"""What a run reports: log lines, TensorBoard event files and WORKDIR/metrics.jsonl."""
+
+import json
+import os
+import time
+
+import jax
+
+
+def format_duration(seconds: float) -> str:
+  seconds = int(max(seconds, 0))
+  hours, rest = divmod(seconds, 3600)
+  minutes, seconds = divmod(rest, 60)
+  return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{seconds:02d}s'
+
+
+class MetricWriter:
+  """Writes scalars from process 0: TensorBoard under WORKDIR/tensorboard, JSON lines.
+
+  `metrics.jsonl` gets one object per `write` call: `{"step", "split", ...}`.
+  """
+
+  def __init__(self, workdir: str):
+    self.enabled = jax.process_index() == 0
+    self._jsonl_path = os.path.join(workdir, 'metrics.jsonl')
+    self._summary_writer = None
+    if self.enabled:
+      os.makedirs(workdir, exist_ok=True)
+      from vit_jax.data.tf_cpu import tf  # TensorFlow, kept off the accelerators.
+      self._tf = tf
+      self._summary_writer = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
+
+  def write(self, step: int, split: str, scalars: dict):
+    if not self.enabled:
+      return
+    scalars = {k: float(v) for k, v in scalars.items()}
+    with open(self._jsonl_path, 'a') as f:
+      f.write(json.dumps({'step': int(step), 'split': split, **scalars}) + '\n')
+    with self._summary_writer.as_default(step=int(step)):
+      for name, value in scalars.items():
+        self._tf.summary.scalar(f'{split}/{name}', value)
+    self._summary_writer.flush()
+
+  def close(self):
+    if self._summary_writer is not None:
+      self._summary_writer.close()
+
+
+class Progress:
+  """Step timing for log lines: examples/s, ETA and the share of time spent on data."""
+
+  def __init__(self, start_step: int, total_steps: int, batch_size: int):
+    self.total_steps, self.batch_size = total_steps, batch_size
+    self._start_time = self._last_time = time.perf_counter()
+    self._start_step = self._last_step = start_step
+    self.data_wait = 0.0  # Seconds spent waiting for input since the last report.
+    self.total_data_wait = 0.0
+
+  def add_data_wait(self, seconds: float):
+    self.data_wait += seconds
+    self.total_data_wait += seconds
+
+  def report(self, step: int) -> dict:
+    now = time.perf_counter()
+    elapsed = max(now - self._last_time, 1e-9)
+    steps = step - self._last_step
+    rate = steps / elapsed
+    remaining = (self.total_steps - step) / rate if rate else float('inf')
+    stats = {'examples_per_sec': steps * self.batch_size / elapsed,
+             'data_wait_fraction': self.data_wait / elapsed, 'eta': remaining}
+    self._last_time, self._last_step, self.data_wait = now, step, 0.0
+    return stats
+
+  def summary(self) -> str:
+    wall = time.perf_counter() - self._start_time
+    return (f'{self._last_step - self._start_step} steps in {format_duration(wall)}; '
+            f'waiting for data {100 * self.total_data_wait / max(wall, 1e-9):.1f}% '
+            'of the wall time')
+
+
+def log(message: str):
+  """Prints on process 0 only (every process computes the same numbers)."""
+  if jax.process_index() == 0:
+    print(message, flush=True)
