@@ -417,3 +417,14 @@ def test_importing_images_does_not_import_tensorflow():
   code = ('import sys, vit_jax.data.images as m; m.default_config(); '
           'assert "tensorflow" not in sys.modules, "tensorflow was imported"')
   subprocess.run([sys.executable, '-c', code], check=True)
+
+
+def test_train_batches_resume_at_a_step():
+  dataset = images.build({'dataset': 'digits', 'mixup_alpha': 0.2})
+  stream = dataset.train_batches(batch_size=100, seed=3)
+  from_start = [next(stream) for _ in range(20)]  # Crosses an epoch boundary (1437 images).
+  resumed = dataset.train_batches(batch_size=100, seed=3, start_step=12)
+  for expected in from_start[12:]:
+    batch = next(resumed)
+    np.testing.assert_array_equal(batch['image'], expected['image'])
+    np.testing.assert_array_equal(batch['label'], expected['label'])

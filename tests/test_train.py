@@ -3,6 +3,7 @@ fine-tune, distil, accumulate, and the errors a user meets."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -191,3 +192,41 @@ def test_locked_config_rejects_a_typo(tmp_path):
                        capture_output=True, text=True, cwd=REPO)
   assert out.returncode != 0
   assert 'totl_steps' in out.stderr
+
+
+def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
+  config = tiny_config(total_steps=20, log_every=1, eval_every=0, checkpoint_every=10,
+                       keep_checkpoints=5, **{'model.dropout_rate': 0.1})
+  uninterrupted = str(tmp_path / 'uninterrupted')
+  main.run(config, uninterrupted)
+  interrupted = str(tmp_path / 'interrupted')
+  main.run(config, interrupted)
+  # As if killed between the checkpoints at steps 10 and 20: drop the last one and rerun.
+  shutil.rmtree(os.path.join(interrupted, 'checkpoints', '20'))
+  os.remove(os.path.join(interrupted, 'metrics.jsonl'))
+  main.run(config, interrupted)
+  expected = [row['loss'] for row in read_metrics(uninterrupted, 'train')][10:]
+  resumed = [row['loss'] for row in read_metrics(interrupted, 'train')]
+  assert len(resumed) == 10
+  np.testing.assert_allclose(resumed, expected, rtol=1e-5)
+
+
+def test_fine_tuning_from_a_workdir_at_another_resolution(tmp_path):
+  source = str(tmp_path / 'source')
+  main.run(tiny_config(total_steps=10), source)  # 8x8 digits: a 2x2 grid.
+  workdir = str(tmp_path / 'finetune')
+  main.run(tiny_config(pretrained=source, total_steps=20, log_every=10, eval_every=0,
+                       checkpoint_every=0, **{'data.image_size': 16}), workdir)  # 4x4 grid.
+  losses = [row['loss'] for row in read_metrics(workdir, 'train')]
+  assert losses[-1] < losses[0]
+
+
+def test_tfds_dataset_by_name(tmp_path):
+  tfds = pytest.importorskip('tensorflow_datasets')
+  with tfds.testing.mock_data(num_examples=40):
+    results = main.run(tiny_config(**{'data.dataset': 'cifar10', 'data.image_size': 8,
+                                      'data.train_crop': 'inception_crop', 'data.flip': True,
+                                      'total_steps': 4, 'log_every': 2, 'eval_every': 0,
+                                      'checkpoint_every': 0, 'eval_batch_size': 16}),
+                       str(tmp_path / 'cifar'))
+  assert results['num_examples'] == 40

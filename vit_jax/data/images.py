@@ -134,8 +134,12 @@ class ImageDataset:
     words = np.random.SeedSequence([seed, self._process_index]).generate_state(3)
     return tuple(int(w) for w in words)
 
-  def train_dataset(self, batch_size: int, seed: int = 0):
-    """The endless tf.data.Dataset behind `train_batches` (for callers that want tf.data)."""
+  def train_dataset(self, batch_size: int, seed: int = 0, start_step: int = 0):
+    """The endless tf.data.Dataset behind `train_batches` (for callers that want tf.data).
+
+    Batch `start_step` onwards of the stream that `start_step=0` gives, so a resumed run
+    sees the same batches as one that never stopped (skipped batches are not preprocessed).
+    """
     from vit_jax.data import augment, preprocess  # pylint: disable=g-import-not-at-top
     from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
     config = self.config
@@ -145,10 +149,10 @@ class ImageDataset:
     # cached: then decode once, cache, and shuffle the decoded examples.
     if config.cache and self._source.decode is not None:
       examples = self._decoded(records).cache().shuffle(config.shuffle_buffer, seed=shuffle_seed)
-      examples = examples.repeat()
+      examples = examples.repeat().skip(start_step * batch_size)
     else:
       records = records.shuffle(config.shuffle_buffer, seed=shuffle_seed).repeat()
-      examples = self._decoded(records)
+      examples = self._decoded(records.skip(start_step * batch_size))
 
     def seed_for(index):
       return tf.stack([tf.constant(augment_seed, tf.int64), index])
@@ -159,7 +163,7 @@ class ImageDataset:
         return {'image': preprocess.train_images(batch['image'], seed_for(index), config),
                 'label': batch['label']}
 
-      batches = examples.batch(batch_size, drop_remainder=True).enumerate()
+      batches = examples.batch(batch_size, drop_remainder=True).enumerate(start=start_step)
       batches = batches.map(preprocess_batch, num_parallel_calls=tf.data.AUTOTUNE)
     else:
       # Images of varying sizes: preprocess each (as a batch of one) to the common size.
@@ -167,7 +171,8 @@ class ImageDataset:
         images = preprocess.train_images(example['image'][None], seed_for(index), config)
         return {'image': images[0], 'label': example['label']}
 
-      batches = examples.enumerate().map(preprocess_example, num_parallel_calls=tf.data.AUTOTUNE)
+      batches = examples.enumerate(start=start_step * batch_size).map(
+          preprocess_example, num_parallel_calls=tf.data.AUTOTUNE)
       batches = batches.batch(batch_size, drop_remainder=True)
     if config.mixup_alpha > 0:
 
@@ -177,17 +182,18 @@ class ImageDataset:
                                        config.mixup_alpha, batch_seed)
         return {'image': images, 'label': labels}
 
-      batches = batches.enumerate().map(mix, num_parallel_calls=tf.data.AUTOTUNE)
+      batches = batches.enumerate(start=start_step).map(mix, num_parallel_calls=tf.data.AUTOTUNE)
     return batches.prefetch(config.prefetch)
 
-  def train_batches(self, batch_size: int, seed: int = 0) -> Iterator[dict[str, np.ndarray]]:
+  def train_batches(self, batch_size: int, seed: int = 0,
+                    start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
     """Endless iterator over this host's shuffled, augmented train batches of numpy arrays.
 
     Yields {'image': float32 (batch_size, H, W, C) in [-1, 1], 'label': int32 (batch_size,)};
     with mixup_alpha > 0, 'label' is float32 (batch_size, num_classes) with rows summing to 1.
-    The same seed (and host) gives the same batches.
+    The same seed (and host) gives the same batches; `start_step` skips that many batches.
     """
-    return self.train_dataset(batch_size, seed).as_numpy_iterator()
+    return self.train_dataset(batch_size, seed, start_step).as_numpy_iterator()
 
   def num_eval_batches(self, batch_size: int) -> int:
     """Batches per `eval_batches` pass; the same on every host (some get all-padding batches)."""

@@ -130,8 +130,9 @@ class ClassificationTask:
     return {'accuracy': float(sums['correct']) / count, 'loss': float(sums['loss']) / count,
             'num_examples': count}
 
-  def train_batches(self):
-    return self.data.train_batches(self.local_batch_size, seed=self.config.seed)
+  def train_batches(self, start_step):
+    return self.data.train_batches(self.local_batch_size, seed=self.config.seed,
+                                   start_step=start_step)
 
   def eval_batches(self):
     return self.data.eval_batches(self.local_eval_batch_size)

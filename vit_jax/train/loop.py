@@ -43,8 +43,8 @@ class Task(Protocol):
   def eval_summary(self, sums: dict) -> dict:
     """Turns summed eval metrics into the figures to report."""
 
-  def train_batches(self) -> Iterator[dict]:
-    """This process's training batches (numpy), forever."""
+  def train_batches(self, start_step: int) -> Iterator[dict]:
+    """This process's training batches (numpy), forever, from batch `start_step` on."""
 
   def eval_batches(self) -> Iterable[dict]:
     """This process's test batches, one pass, padded with `mask` 0."""
@@ -200,7 +200,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   writer = metrics_lib.MetricWriter(workdir)
   progress = metrics_lib.Progress(start_step, config.total_steps, config.batch_size)
   frozen = jax.device_put(task.frozen_params(), mesh_lib.replicated(mesh))
-  batches = _prefetch(task.train_batches(), mesh)
+  batches = _prefetch(task.train_batches(start_step), mesh)
   pending: list[tuple[int, dict]] = []
   last_eval = {}
   metrics_lib.log(f'Training {config.total_steps} steps of batch {config.batch_size} on '
