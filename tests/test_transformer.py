@@ -134,3 +134,18 @@ def test_token_inputs_are_checked(setup):
   model, variables, inputs, targets = setup
   with pytest.raises(ValueError, match='integer token ids of shape'):
     model.apply(variables, inputs.astype(jnp.float32), targets)
+
+
+def test_packed_rows_equal_separate_examples(setup):
+  model, variables, _, _ = setup
+  first = (jnp.array([[5, 6, 7]]), jnp.array([[11, 12, 13, 1]]))
+  second = (jnp.array([[8, 9]]), jnp.array([[14, 15, 1]]))
+  separate = [model.apply(variables, inputs, targets) for inputs, targets in (first, second)]
+  packed = model.apply(
+      variables, jnp.array([[5, 6, 7, 8, 9, 0]]), jnp.array([[11, 12, 13, 1, 14, 15, 1, 0]]),
+      inputs_segmentation=jnp.array([[1, 1, 1, 2, 2, 0]]),
+      targets_segmentation=jnp.array([[1, 1, 1, 1, 2, 2, 2, 0]]),
+      inputs_positions=jnp.array([[0, 1, 2, 0, 1, 0]]),
+      targets_positions=jnp.array([[0, 1, 2, 3, 0, 1, 2, 0]]))
+  np.testing.assert_allclose(packed[0, :4], separate[0][0], atol=1e-5)
+  np.testing.assert_allclose(packed[0, 4:7], separate[1][0], atol=1e-5)

@@ -15,17 +15,22 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and m
 
 
 def run(config, workdir: str):
-  """Builds the task named by `config.task` and runs `config.trainer` on it."""
+  """Runs `config.trainer` ('train', 'evaluate', 'translate') on `config.task`."""
   from vit_jax.train import loop  # Imported here so that --help stays fast.
-  tasks = {'classification': 'vit_jax.train.classification:ClassificationTask'}
+  tasks = {'classification': 'vit_jax.train.classification:ClassificationTask',
+           'translation': 'vit_jax.train.translation:TranslationTask'}
   trainers = {'train': loop.train, 'evaluate': loop.evaluate}
   if config.task not in tasks:
     raise ValueError(f'Unknown config.task {config.task!r}; choose one of {sorted(tasks)}.')
+  if config.trainer == 'translate' and config.task == 'translation':
+    from vit_jax.train import translation
+    return translation.translate(config, workdir)
   if config.trainer not in trainers:
-    raise ValueError(f'Unknown config.trainer {config.trainer!r}; choose one of '
-                     f'{sorted(trainers)}.')
+    known = sorted(trainers) + (['translate'] if config.task == 'translation' else [])
+    raise ValueError(f'Unknown config.trainer {config.trainer!r} for task {config.task}; '
+                     f'choose one of {known}.')
   module_name, class_name = tasks[config.task].split(':')
-  task = getattr(__import__(module_name, fromlist=[class_name]), class_name)(config)
+  task = getattr(__import__(module_name, fromlist=[class_name]), class_name)(config, workdir)
   return trainers[config.trainer](config, workdir, task)
 
 

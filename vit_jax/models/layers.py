@@ -136,15 +136,20 @@ class Encoder(nn.Module):
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
-  def __call__(self, x: Array, *, mask: Array | None = None, train: bool = False) -> Array:
-    """x: (B, tokens, width) -> (B, tokens, width)."""
+  def __call__(self, x: Array, *, mask: Array | None = None, positions: Array | None = None,
+               train: bool = False) -> Array:
+    """x: (B, tokens, width) -> (B, tokens, width).
+
+    `positions` (B, tokens): explicit token positions for sinusoidal encodings
+    (packed sequences); default 0..tokens-1.
+    """
     if self.position_embedding not in POSITION_EMBEDDINGS:
       raise ValueError(f'Unknown position_embedding {self.position_embedding!r}; '
                        f'choose one of {POSITION_EMBEDDINGS}.')
     if self.position_embedding == 'learned':
       x = AddPositionEmbs(param_dtype=self.param_dtype, name='posembed_input')(x)
     elif self.position_embedding == 'sinusoidal':
-      x = AddSinusoidalPositions(max_length=self.max_length)(x)
+      x = AddSinusoidalPositions(max_length=self.max_length)(x, positions)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
 
     block_cls = EncoderBlock

@@ -63,14 +63,15 @@ class AddPositionEmbs(nn.Module):
 class AddSinusoidalPositions(nn.Module):
   """Adds the fixed 1-D sinusoidal encoding; in decode mode, one position per call.
 
-  With `decode=True` the current position is kept in the 'cache' collection,
-  so step t of autoregressive decoding gets the encoding of position t.
+  `positions` (B, T) gives each token's position explicitly (packed sequences);
+  by default tokens sit at 0..T-1. With `decode=True` the current position is
+  kept in the 'cache' collection, so step t of decoding gets position t.
   """
   max_length: int = 2048
   decode: bool = False
 
   @nn.compact
-  def __call__(self, inputs: Array) -> Array:
+  def __call__(self, inputs: Array, positions: Array | None = None) -> Array:
     length, width = inputs.shape[1], inputs.shape[2]
     if length > self.max_length:
       raise ValueError(f'Sequence of length {length} is longer than max_length='
@@ -84,4 +85,6 @@ class AddSinusoidalPositions(nn.Module):
         index.value = position + 1
         step = jax.lax.dynamic_slice(table, (position, 0), (1, width))  # (1, width)
         return inputs + step[None].astype(inputs.dtype)
+    if positions is not None:
+      return inputs + table[positions].astype(inputs.dtype)  # (B, T, width)
     return inputs + table[None, :length].astype(inputs.dtype)

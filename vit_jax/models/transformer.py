@@ -13,7 +13,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax.models.attention import MultiHeadDotProductAttention, make_padding_mask
+from vit_jax.models.attention import (MultiHeadDotProductAttention, combine_masks,
+                                      make_padding_mask, make_segment_mask)
 from vit_jax.models.layers import NORM_POSITIONS, Encoder, MlpBlock
 from vit_jax.models.position import AddSinusoidalPositions
 
@@ -21,9 +22,16 @@ Array = jax.Array
 Dtype = Any
 
 
-def shift_right(targets: Array) -> Array:
-  """(B, T) -> (B, T): prepend the start token 0 and drop the last token."""
-  return jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+def shift_right(targets: Array, segmentation: Array | None = None) -> Array:
+  """(B, T) -> (B, T): prepend the start token 0 and drop the last token.
+
+  With packed rows (`segmentation`), every example starts with the token 0.
+  """
+  shifted = jnp.pad(targets, ((0, 0), (1, 0)))[:, :-1]
+  if segmentation is not None:
+    starts = segmentation != jnp.pad(segmentation, ((0, 0), (1, 0)))[:, :-1]
+    shifted = jnp.where(starts, 0, shifted)
+  return shifted
 
 
 class DecoderBlock(nn.Module):
@@ -85,11 +93,12 @@ class Decoder(nn.Module):
 
   @nn.compact
   def __call__(self, encoded: Array, targets: Array, *, self_mask: Array | None,
-               cross_mask: Array | None, train: bool) -> Array:
+               cross_mask: Array | None, segmentation: Array | None = None,
+               positions: Array | None = None, train: bool) -> Array:
     width = self.embedding.features
-    y = targets if self.decode else shift_right(targets)
+    y = targets if self.decode else shift_right(targets, segmentation)
     y = self.embedding(y) * jnp.sqrt(jnp.asarray(width, self.dtype))  # (B, T, D)
-    y = AddSinusoidalPositions(max_length=self.max_length, decode=self.decode)(y)
+    y = AddSinusoidalPositions(max_length=self.max_length, decode=self.decode)(y, positions)
     y = nn.Dropout(self.dropout_rate)(y, deterministic=not train)
     for i in range(self.num_layers):
       y = DecoderBlock(
@@ -175,15 +184,25 @@ class Transformer(nn.Module):
         logits_via_embedding=self.logits_via_embedding, max_length=self.max_length,
         decode=self.cached_decoding, dtype=self.dtype, param_dtype=self.param_dtype)
 
-  def encode(self, inputs: Array, *, train: bool = False) -> Array:
-    """Source tokens (B, S) -> encoded (B, S, D); padding (id 0) is masked."""
+  def encode(self, inputs: Array, *, inputs_segmentation: Array | None = None,
+             inputs_positions: Array | None = None, train: bool = False) -> Array:
+    """Source tokens (B, S) -> encoded (B, S, D); padding (id 0) is masked.
+
+    Packed rows pass `inputs_segmentation` (1, 2, ... per example) and
+    `inputs_positions`; tokens then attend within their own example only.
+    """
     _check_tokens('inputs', inputs)
     x = self.source_embedding(inputs) * jnp.sqrt(jnp.asarray(self.embed_dim, self.dtype))
     valid = inputs > 0
-    return self.encoder(x, mask=make_padding_mask(valid, valid), train=train)
+    mask = make_padding_mask(valid, valid)
+    if inputs_segmentation is not None:
+      mask = combine_masks(mask, make_segment_mask(inputs_segmentation, inputs_segmentation))
+    return self.encoder(x, mask=mask, positions=inputs_positions, train=train)
 
   def decode(self, encoded: Array, inputs: Array, targets: Array, *,
-             train: bool = False) -> Array:
+             inputs_segmentation: Array | None = None,
+             targets_segmentation: Array | None = None,
+             targets_positions: Array | None = None, train: bool = False) -> Array:
     """Target tokens (B, T) -> logits (B, T, V), attending to `encoded`.
 
     Normally `targets` are the full (unshifted) targets; the decoder shifts
@@ -198,13 +217,26 @@ class Transformer(nn.Module):
       query_valid = targets > 0
       self_mask = make_padding_mask(query_valid, query_valid)
     cross_mask = make_padding_mask(query_valid, inputs > 0)
+    if targets_segmentation is not None:
+      self_mask = combine_masks(self_mask,
+                                make_segment_mask(targets_segmentation, targets_segmentation))
+      cross_mask = combine_masks(cross_mask,
+                                 make_segment_mask(targets_segmentation, inputs_segmentation))
     return self.decoder(encoded, targets, self_mask=self_mask, cross_mask=cross_mask,
+                        segmentation=targets_segmentation, positions=targets_positions,
                         train=train)
 
-  def __call__(self, inputs: Array, targets: Array, *, train: bool = False) -> Array:
+  def __call__(self, inputs: Array, targets: Array, *,
+               inputs_segmentation: Array | None = None,
+               targets_segmentation: Array | None = None,
+               inputs_positions: Array | None = None,
+               targets_positions: Array | None = None, train: bool = False) -> Array:
     """Teacher-forced logits (B, T, V) for `targets` given `inputs`."""
-    encoded = self.encode(inputs, train=train)
-    return self.decode(encoded, inputs, targets, train=train)
+    encoded = self.encode(inputs, inputs_segmentation=inputs_segmentation,
+                          inputs_positions=inputs_positions, train=train)
+    return self.decode(encoded, inputs, targets, inputs_segmentation=inputs_segmentation,
+                       targets_segmentation=targets_segmentation,
+                       targets_positions=targets_positions, train=train)
 
 
 def _check_tokens(name: str, tokens: Array):

@@ -53,7 +53,8 @@ def load_weights(path: str, init_params: Any, reinit_head: bool = False) -> Any:
 class ClassificationTask:
   """Model, data, loss and metrics of image classification."""
 
-  def __init__(self, config: ml_collections.ConfigDict):
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    del workdir  # Image tasks keep nothing of their own in the workdir.
     self.config = config
     self.data = images.build(config.data)
     process_count = jax.process_count()
@@ -129,6 +130,10 @@ class ClassificationTask:
     count = float(sums['count'])
     return {'accuracy': float(sums['correct']) / count, 'loss': float(sums['loss']) / count,
             'num_examples': count}
+
+  def extra_eval(self, params) -> dict:
+    del params
+    return {}
 
   def train_batches(self, start_step):
     return self.data.train_batches(self.local_batch_size, seed=self.config.seed,

@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from vit_jax.data import images
+from vit_jax.data import images, text
 from vit_jax.models import registry
 from vit_jax.train import optim
 
@@ -36,5 +36,39 @@ def classification_config(model: str = 'ViT-B_16') -> ml_collections.ConfigDict:
   config.log_every = 50  # Steps between progress lines (and NaN checks).
   config.eval_every = 1000  # Steps between evaluations (0: only at the end).
   config.checkpoint_every = 1000  # Steps between checkpoints (0: only at the end).
+  config.keep_checkpoints = 2  # Checkpoints kept in WORKDIR/checkpoints.
+  return config
+
+
+def translation_config(model: str = 'Transformer-base') -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.task = 'translation'  # What is trained: 'translation' (seq2seq text).
+  config.trainer = 'train'  # 'train', 'evaluate' (latest checkpoint) or 'translate' (stdin).
+  config.seed = 0  # Parameter init, dropout and data order.
+  config.model = model_config(model)  # Registry name + overrides (embed_dim, num_layers, ...).
+  config.data = text.default_config()  # Corpus, tokenizer, lengths, packing.
+  config.batch_size = 256  # Global training batch in (packed) rows.
+  config.eval_batch_size = 256  # Global eval batch; the last partial batch is masked.
+  config.total_steps = 100_000  # Optimizer updates.
+  config.accum_steps = 1  # Split each batch into this many microbatches (less memory).
+  config.optimizer = optim.default_config()  # Optimizer and learning-rate schedule.
+  config.optimizer.name = 'adam'
+  config.optimizer.b2 = 0.98  # The paper's Adam(0.9, 0.98, 1e-9).
+  config.optimizer.eps = 1e-9
+  config.optimizer.schedule = 'rsqrt'  # lr = peak * min(step / warmup, sqrt(warmup / step)).
+  config.optimizer.warmup_steps = 4000
+  config.optimizer.learning_rate = 512**-0.5 * 4000**-0.5  # d_model^-0.5 * warmup^-0.5 peak.
+  config.label_smoothing = 0.1  # Label smoothing of the token cross-entropy.
+  config.mixed_precision = False  # bfloat16 compute with float32 parameters.
+  config.param_sharding = 'replicated'  # 'replicated' or 'fsdp' (params on the data axis).
+  config.beam_size = 4  # Beam width for evaluation and translation (1: greedy).
+  config.length_penalty_alpha = 0.6  # GNMT length penalty ((5 + len) / 6)^alpha.
+  config.max_decode_length = 0  # Longest output in tokens (0: data.max_length).
+  config.decode_batch_size = 64  # Sentences decoded at once (per process).
+  config.num_eval_decode = 0  # Test sentences decoded for BLEU / exact match (0: all).
+  config.input_file = ''  # trainer=translate: read sentences from this file, not stdin.
+  config.log_every = 100  # Steps between progress lines (and NaN checks).
+  config.eval_every = 5000  # Steps between evaluations (0: only at the end).
+  config.checkpoint_every = 5000  # Steps between checkpoints (0: only at the end).
   config.keep_checkpoints = 2  # Checkpoints kept in WORKDIR/checkpoints.
   return config

@@ -43,6 +43,9 @@ class Task(Protocol):
   def eval_summary(self, sums: dict) -> dict:
     """Turns summed eval metrics into the figures to report."""
 
+  def extra_eval(self, params: Any) -> dict:
+    """Figures beyond per-batch sums (e.g. BLEU of decoded text), or {}."""
+
   def train_batches(self, start_step: int) -> Iterator[dict]:
     """This process's training batches (numpy), forever, from batch `start_step` on."""
 
@@ -133,7 +136,7 @@ def _prefetch(batches: Iterator[dict], mesh, size: int = 2) -> Iterator[dict]:
     yield item
 
 
-def evaluate_params(task: Task, params: Any, mesh, num_batches: int | None = None) -> dict:
+def evaluate_params(task: Task, params: Any, mesh) -> dict:
   """Runs the eval split once; sums on device, one transfer at the end."""
   eval_sums = jax.jit(task.eval_sums)
   totals = None
@@ -142,7 +145,7 @@ def evaluate_params(task: Task, params: Any, mesh, num_batches: int | None = Non
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   if totals is None:
     raise ValueError('The test split is empty: there is nothing to evaluate.')
-  return task.eval_summary(jax.device_get(totals))
+  return {**task.eval_summary(jax.device_get(totals)), **task.extra_eval(params)}
 
 
 def _first_nonfinite(pending: list[tuple[int, dict]]) -> int | None:

@@ -1,0 +1,102 @@
+"""The benchmark command line, end to end on tiny models (figures present, no timings)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from vit_jax import benchmark, models
+from vit_jax.utils import count_flops
+
+# One layer keeps the compiles short.
+TINY_VIT = ['--model', 'ViT-testing', '--num-layers', '1', '--resolution', '16', '--batch',
+            '2', '--steps', '2', '--warmup', '1']
+
+
+def _run(tmp_path, capsys, *argv):
+  path = tmp_path / 'out.json'
+  assert benchmark.main([*argv, '--json', str(path)]) == 0
+  printed = capsys.readouterr().out
+  return json.loads(path.read_text()), printed
+
+
+def _forward_macs(batch=2):
+  model = models.get_model('ViT-testing', num_classes=benchmark.NUM_CLASSES, num_layers=1)
+  images = jax.ShapeDtypeStruct((batch, 16, 16, 3), jnp.float32)
+  params = jax.eval_shape(lambda r, x: model.init(r, x)['params'], jax.random.key(0), images)
+  return count_flops(lambda p, x: model.apply({'params': p}, x), params, images)
+
+
+def test_infer(tmp_path, capsys):
+  report, printed = _run(tmp_path, capsys, *TINY_VIT, '--mode', 'infer',
+                         '--dtype', 'bfloat16', '--peak-tflops', '1.0')
+  ours = report['ours']
+  assert ours['steps_timed'] == 2 and ours['images_per_s'] > 0
+  assert ours['step_s_p10'] <= ours['step_s_median'] <= ours['step_s_p90']
+  assert ours['compile_s'] > 0 and ours['macs_per_step'] == _forward_macs()
+  assert ours['achieved_tflops'] > 0 and ours['mfu'] == pytest.approx(ours['achieved_tflops'])
+  assert ours['memory']['process_peak_rss_bytes'] > 0 or ours['memory']['device_peak_bytes']
+  assert ours['memory']['xla_memory_analysis']['argument_size_in_bytes'] > 0
+  assert report['device']['platform'] == jax.devices()[0].platform
+  assert 'images/s' in printed and 'ours (jax)' in printed and 'bfloat16' in printed
+
+
+def test_train_counts_the_whole_step(tmp_path, capsys):
+  report, printed = _run(tmp_path, capsys, *TINY_VIT, '--mode', 'train',
+                         '--attention', 'chunked')
+  ours = report['ours']
+  assert ours['images_per_s'] > 0 and ours['compile_s'] > 0
+  # Forward + backward (about 3x the forward's multiply-adds).
+  assert 2.5 * _forward_macs() < ours['macs_per_step'] < 3.5 * _forward_macs()
+  assert 'train' in printed and 'chunked' in printed
+
+
+def test_seq2seq(tmp_path, capsys):
+  report, printed = _run(tmp_path, capsys, '--model', 'Transformer-testing', '--mode',
+                         'seq2seq', '--num-layers', '1', '--batch', '2', '--seq-len', '6', '--decode-length', '5',
+                         '--vocab-size', '17', '--steps', '2', '--warmup', '1')
+  for name in ('train', 'decode_cached', 'decode_uncached'):
+    assert report[name]['tokens_per_s'] > 0 and report[name]['macs_per_step'] > 0
+  # Re-running the decoder on the whole prefix costs more than the cached step.
+  assert report['decode_uncached']['macs_per_step'] > report['decode_cached']['macs_per_step']
+  assert report['cached_over_uncached_decode_speed'] > 0
+  assert report['greedy_tokens_agree_cached_vs_uncached'] == 1.0
+  assert 'cached / uncached' in printed
+
+
+def test_attention_memory(tmp_path, capsys):
+  report, printed = _run(tmp_path, capsys, '--attention-memory', '--model', 'ViT-testing',
+                         '--resolutions', '16,128', '--memory-impls', 'plain,chunked')
+  assert report['method'].startswith('XLA compiled memory_analysis')
+  small, large = report['rows']
+  assert (small['tokens'], large['tokens']) == (17, 1025)
+  # 1025 tokens: the chunked path never holds the (T, S) scores.
+  assert large['chunked']['temp_size_in_bytes'] < large['plain']['temp_size_in_bytes']
+  assert 'chunked temp MiB' in printed
+
+
+def test_compile_depth(tmp_path, capsys):
+  report, printed = _run(tmp_path, capsys, '--compile-depth', '--depth-model', 'ViT-testing',
+                         '--resolution', '16', '--batch', '1', '--compile-repeats', '1',
+                         '--no-unrolled')
+  assert report['shallow_scan']['num_layers'] == 4
+  assert report['deep_scan']['compile_s'] > 0 and report['deep_scan_over_shallow_scan'] > 0
+  assert 'target < 2x' in printed
+
+
+def test_compare_timm_without_torch_is_a_clear_error(capsys):
+  try:
+    benchmark.import_timm(None)
+    pytest.skip('torch and timm are installed here')
+  except ImportError:
+    pass
+  assert benchmark.main([*TINY_VIT, '--compare', 'timm']) == 1
+  assert '--compare timm needs torch and timm' in capsys.readouterr().err
+
+
+def test_bad_arguments_are_rejected():
+  with pytest.raises(SystemExit):
+    benchmark.parse_args(['--steps', '0'])
+  with pytest.raises(SystemExit):
+    benchmark.parse_args(['--attention', 'magic'])

@@ -1,0 +1,81 @@
+"""Greedy and beam search: cache vs no cache, beam 1 vs greedy, EOS handling."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import decode, models
+
+VOCAB = 13
+
+
+@pytest.fixture(scope='module')
+def setup():
+  model = models.get_model('Transformer-testing', vocab_size=VOCAB, dropout_rate=0.0)
+  inputs = jnp.array([[5, 6, 7, 8, 0, 0], [3, 4, 9, 0, 0, 0], [2, 2, 2, 2, 2, 2]])
+  variables = model.init(jax.random.PRNGKey(0), inputs, jnp.ones((3, 5), jnp.int32))
+  # Sharper, more varied output distributions than the small-init ones.
+  params = jax.tree.map(lambda x: x * 3.0, variables['params'])
+  return model, params, inputs
+
+
+def test_cached_greedy_equals_rerunning_the_full_decoder(setup):
+  model, params, inputs = setup
+  cached = jax.jit(lambda p, x: decode.greedy_decode(model, p, x, max_length=10))(params, inputs)
+  uncached = decode.greedy_decode(model, params, inputs, max_length=10, use_cache=False)
+  np.testing.assert_array_equal(cached, uncached)
+  assert len({tuple(row) for row in np.asarray(cached)}) > 1  # Not a trivial output.
+
+
+def test_beam_of_one_equals_greedy(setup):
+  model, params, inputs = setup
+  greedy = decode.greedy_decode(model, params, inputs, max_length=10)
+  tokens, scores = decode.beam_search(model, params, inputs, max_length=10, beam_size=1,
+                                      alpha=0.0)
+  assert tokens.shape == (3, 1, 10) and scores.shape == (3, 1)
+  np.testing.assert_array_equal(tokens[:, 0], greedy)
+
+
+def _sequence_log_probs(model, params, inputs, sequences):
+  """log p(sequence | inputs) by teacher forcing, for every sequence (N, L) and input row."""
+  repeated = jnp.repeat(inputs, sequences.shape[0], axis=0)
+  tiled = jnp.tile(sequences, (inputs.shape[0], 1))
+  log_probs = jax.nn.log_softmax(model.apply({'params': params}, repeated, tiled))
+  picked = jnp.take_along_axis(log_probs, tiled[..., None], -1)[..., 0]
+  return jnp.sum(jnp.where(tiled > 0, picked, 0.0), -1).reshape(inputs.shape[0], -1)
+
+
+def test_a_wide_beam_finds_the_most_likely_sequence(setup):
+  model, params, inputs = setup
+  # Every finished output of up to 3 tokens: [EOS], [a, EOS], [a, b, EOS] (a, b not EOS/pad).
+  words = range(2, VOCAB)
+  candidates = ([[1, 0, 0]] + [[a, 1, 0] for a in words] +
+                [[a, b, 1] for a in words for b in words])
+  candidates = jnp.array(candidates, jnp.int32)
+  exact = _sequence_log_probs(model, params, inputs, candidates)  # (B, 133)
+  # 121 beams keep every unfinished 2-token prefix: the search is exhaustive.
+  tokens, scores = decode.beam_search(model, params, inputs, max_length=3, beam_size=121,
+                                      alpha=0.0)
+  assert np.all(np.diff(np.asarray(scores), axis=1) <= 1e-6)  # Best first.
+  np.testing.assert_allclose(scores[:, 0], exact.max(axis=1), atol=1e-4)
+  np.testing.assert_array_equal(tokens[:, 0], candidates[jnp.argmax(exact, axis=1)])
+
+
+def test_length_penalty_prefers_longer_outputs(setup):
+  model, params, inputs = setup
+  lengths = []
+  for alpha in (0.0, 2.0):
+    tokens, _ = decode.beam_search(model, params, inputs, max_length=6, beam_size=8,
+                                   alpha=alpha)
+    lengths.append(int(jnp.sum(tokens[:, 0] > 0)))
+  assert lengths[1] >= lengths[0]
+
+
+def test_tokens_after_eos_are_padding(setup):
+  model, params, inputs = setup
+  for tokens in (decode.greedy_decode(model, params, inputs, max_length=10),
+                 decode.beam_search(model, params, inputs, max_length=10)[0][:, 0]):
+    for row in np.asarray(tokens):
+      if 1 in row:
+        assert np.all(row[list(row).index(1) + 1:] == 0)

@@ -1,0 +1,170 @@
+"""Translation with the seq2seq Transformer: the training task and `trainer=translate`.
+
+The task plugs into the shared loop (`vit_jax.train.loop`); evaluation adds
+decoded-text metrics (corpus BLEU with sacrebleu, exact match).
+"""
+
+import sys
+from typing import Iterable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from vit_jax import decode, models
+from vit_jax.data import text
+from vit_jax.train import checkpointing, metrics as metrics_lib
+from vit_jax.train.classification import cross_entropy
+
+PACKING_KEYS = ('inputs_segmentation', 'targets_segmentation', 'inputs_position',
+                'targets_position')
+
+
+def build_model(config: ml_collections.ConfigDict, vocab_size: int):
+  settings = {k: v for k, v in config.model.items() if k != 'name'}
+  if config.mixed_precision:
+    settings['dtype'] = jnp.bfloat16
+  return models.get_model(config.model.name, vocab_size=vocab_size, **settings)
+
+
+def _packing_kwargs(batch: dict) -> dict:
+  if 'inputs_segmentation' not in batch:
+    return {}
+  return {'inputs_segmentation': batch['inputs_segmentation'],
+          'targets_segmentation': batch['targets_segmentation'],
+          'inputs_positions': batch['inputs_position'],
+          'targets_positions': batch['targets_position']}
+
+
+def encode_lines(tokenizer, lines: list[str], max_length: int) -> np.ndarray:
+  """Token ids (len(lines), max_length), EOS-terminated, truncated to fit."""
+  rows = np.zeros((len(lines), max_length), np.int32)
+  for i, line in enumerate(lines):
+    ids = list(tokenizer.encode(line))[:max_length - 1] + [text.EOS_ID]
+    rows[i, :len(ids)] = ids
+  return rows
+
+
+class Translator:
+  """Batched, jit-compiled decoding of text with a trained model."""
+
+  def __init__(self, model, params, tokenizer, config: ml_collections.ConfigDict):
+    self.model, self.params, self.tokenizer = model, params, tokenizer
+    self.max_length = config.data.eval_max_length or config.data.max_length
+    self.max_decode_length = config.max_decode_length or self.max_length
+    self.batch_size = config.decode_batch_size
+    beam_size, alpha = config.beam_size, config.length_penalty_alpha
+
+    def run(params, inputs):
+      if beam_size == 1:
+        return decode.greedy_decode(model, params, inputs, max_length=self.max_decode_length)
+      tokens, _ = decode.beam_search(model, params, inputs, max_length=self.max_decode_length,
+                                     beam_size=beam_size, alpha=alpha)
+      return tokens[:, 0]
+    self._decode = jax.jit(run)
+
+  def translate(self, lines: list[str]) -> list[str]:
+    outputs = []
+    for start in range(0, len(lines), self.batch_size):
+      chunk = lines[start:start + self.batch_size]
+      inputs = encode_lines(self.tokenizer, chunk + [''] * (self.batch_size - len(chunk)),
+                            self.max_length)  # Fixed batch shape: one compilation.
+      tokens = np.asarray(self._decode(self.params, inputs))[:len(chunk)]
+      outputs.extend(self.tokenizer.decode([int(t) for t in row]) for row in tokens)
+    return outputs
+
+
+def text_metrics(hypotheses: list[str], references: list[str]) -> dict:
+  import sacrebleu  # pylint: disable=g-import-not-at-top
+  bleu = sacrebleu.corpus_bleu(hypotheses, [references]).score
+  exact = np.mean([h.strip() == r.strip() for h, r in zip(hypotheses, references)])
+  return {'bleu': float(bleu), 'exact_match': float(exact)}
+
+
+class TranslationTask:
+  """Model, data, loss and metrics of translation."""
+
+  def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    self.config = config
+    self.data = text.build(config.data, workdir=workdir)
+    self.tokenizer = self.data.tokenizer
+    process_count = jax.process_count()
+    self.local_batch_size = config.batch_size // process_count
+    self.local_eval_batch_size = config.eval_batch_size // process_count
+    self.model = build_model(config, self.tokenizer.vocab_size)
+
+  def init_params(self, rng):
+    tokens = jnp.ones((1, self.config.data.max_length), jnp.int32)
+    return self.model.init(rng, tokens, tokens)['params']
+
+  def initial_params(self, params):
+    return params
+
+  def frozen_params(self):
+    return None
+
+  def loss(self, params, batch, rng, frozen):
+    del frozen
+    targets = batch['targets']
+    logits = self.model.apply({'params': params}, batch['inputs'], targets, train=True,
+                              rngs={'dropout': rng}, **_packing_kwargs(batch))
+    weights = (targets > 0).astype(jnp.float32)
+    num_tokens = jnp.maximum(jnp.sum(weights), 1.0)
+    losses = cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                           self.config.label_smoothing).reshape(targets.shape)
+    accuracy = jnp.sum((jnp.argmax(logits, -1) == targets) * weights) / num_tokens
+    return jnp.sum(losses * weights) / num_tokens, {'token_accuracy': accuracy}
+
+  def eval_sums(self, params, batch):
+    targets = batch['targets']
+    logits = self.model.apply({'params': params}, batch['inputs'], targets)
+    weights = (targets > 0) * batch['mask'][:, None]
+    losses = cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                           targets.reshape(-1)).reshape(targets.shape)
+    return {'loss': jnp.sum(losses * weights),
+            'correct_tokens': jnp.sum((jnp.argmax(logits, -1) == targets) * weights),
+            'tokens': jnp.sum(weights)}
+
+  def eval_summary(self, sums):
+    tokens = max(float(sums['tokens']), 1.0)
+    return {'loss': float(sums['loss']) / tokens,
+            'token_accuracy': float(sums['correct_tokens']) / tokens}
+
+  def extra_eval(self, params) -> dict:
+    """Decodes the test sources; BLEU and exact match against the references."""
+    pairs = self.data.eval_texts()
+    if self.config.num_eval_decode:
+      pairs = pairs[:self.config.num_eval_decode]
+    sources = [source for source, _ in pairs]
+    references = [target for _, target in pairs]
+    translator = Translator(self.model, params, self.tokenizer, self.config)
+    hypotheses = translator.translate(sources)
+    for source, hypothesis, reference in list(zip(sources, hypotheses, references))[:3]:
+      metrics_lib.log(f'  {source!r} -> {hypothesis!r} (reference {reference!r})')
+    return text_metrics(hypotheses, references)
+
+  def train_batches(self, start_step):
+    return self.data.train_batches(self.local_batch_size, seed=self.config.seed,
+                                   start_step=start_step)
+
+  def eval_batches(self):
+    return self.data.eval_batches(self.local_eval_batch_size)
+
+
+def _read_lines(config) -> Iterable[str]:
+  if config.input_file:
+    with open(config.input_file, encoding='utf-8') as f:
+      return [line.rstrip('\n') for line in f]
+  return [line.rstrip('\n') for line in sys.stdin]
+
+
+def translate(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+  """Translates lines from `config.input_file` or stdin to stdout with the latest checkpoint."""
+  tokenizer = text.load_tokenizer(config.data, workdir)
+  model = build_model(config, tokenizer.vocab_size)
+  params = checkpointing.Checkpointer(workdir).restore_params()
+  outputs = Translator(model, params, tokenizer, config).translate(list(_read_lines(config)))
+  for line in outputs:
+    print(line)
+  return outputs
