@@ -21,7 +21,7 @@ def get_config():
   config.data.max_length = 48
   config.batch_size = 64
   config.eval_batch_size = 256
-  config.total_steps = 3000
+  config.total_steps = 800
   config.optimizer.name = 'adamw'
   config.optimizer.b2 = 0.98
   config.optimizer.schedule = 'cosine'
@@ -30,7 +30,7 @@ def get_config():
   config.label_smoothing = 0.0
   config.beam_size = 1
   config.decode_batch_size = 256
-  config.log_every = 200
-  config.eval_every = 1000
-  config.checkpoint_every = 1000
+  config.log_every = 100
+  config.eval_every = 400
+  config.checkpoint_every = 400
   return config
