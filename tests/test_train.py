@@ -230,3 +230,15 @@ def test_tfds_dataset_by_name(tmp_path):
                                       'checkpoint_every': 0, 'eval_batch_size': 16}),
                        str(tmp_path / 'cifar'))
   assert results['num_examples'] == 40
+
+
+def test_evaluate_a_workdir_with_no_other_flags(tmp_path):
+  workdir = str(tmp_path / 'run')
+  results = main.run(tiny_config(total_steps=10), workdir)
+  out = subprocess.run([sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}',
+                        '--config.trainer=evaluate'], capture_output=True, text=True, cwd=REPO)
+  assert out.returncode == 0, out.stderr
+  assert f'eval of step 10: accuracy {results["accuracy"]:.4f}' in out.stdout
+  missing = subprocess.run([sys.executable, '-m', 'vit_jax.main', f'--workdir={tmp_path}/none'],
+                           capture_output=True, text=True, cwd=REPO)
+  assert missing.returncode != 0 and 'No --config given' in missing.stderr

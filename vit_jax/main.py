@@ -4,13 +4,17 @@ Flags -> config -> trainer. `--config.KEY=VALUE` overrides any config field;
 unknown fields are an error (the config is locked).
 """
 
+import os
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-_CONFIG = config_flags.DEFINE_config_file('config', None, 'Config file (configs/*.py).',
-                                          lock_config=True)
+# Without --config, the config saved in --workdir by an earlier run.
+_SAVED_CONFIG = os.path.join(os.path.dirname(__file__), 'train', 'saved_config.py')
+_CONFIG = config_flags.DEFINE_config_file(
+    'config', _SAVED_CONFIG, 'Config file (configs/*.py[:ARGS]); default: WORKDIR/config.json.',
+    lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
 
 
@@ -37,9 +41,13 @@ def run(config, workdir: str):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if _CONFIG.value is None or _WORKDIR.value is None:
-    raise app.UsageError('Both --config and --workdir are required, e.g.\n  python -m '
-                         'vit_jax.main --config=configs/vit_digits.py --workdir=runs/digits')
+  if _WORKDIR.value is None:
+    raise app.UsageError('--workdir is required, e.g.\n  python -m vit_jax.main '
+                         '--config=configs/vit_digits.py --workdir=runs/digits')
+  if not _CONFIG.value.task:
+    raise app.UsageError(f'No --config given and {_WORKDIR.value} holds no config.json of an '
+                         'earlier run; pass --config=configs/FILE.py, e.g. '
+                         '--config=configs/vit_digits.py.')
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # Orbax and TF are chatty at INFO.
   try:
