@@ -1,1 +1,2 @@
-"""Input pipelines. `vit_jax.data.images`: image classification (digits, TFDS, image folders)."""
+"""Input pipelines: `images` (digits, TFDS, image folders) and `text` (dates, parallel
+text files, TFDS translation), each with per-host sharding, exact resume and masked eval."""

@@ -24,7 +24,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax.data import tokenizers
-from vit_jax.data.tokenizers import EOS_ID, PAD_ID  # noqa: F401  (re-exported for callers)
+from vit_jax.data.tokenizers import EOS_ID, PAD_ID  # Also text.EOS_ID, text.PAD_ID for callers.
 
 LONG_EXAMPLES = ('truncate', 'skip')
 _NUM_LINES_LOGGED = 5  # Line numbers named in a warning about skipped examples.
@@ -50,7 +50,7 @@ def default_config() -> ml_collections.ConfigDict:
   # are saved in the workdir (tokenizer_chars.json, tokenizer.model) and reused from there.
   config.tokenizer = 'chars'
   config.vocab_size = 8000  # sentencepiece: exact vocabulary size; chars: the most it may have.
-  config.vocabulary_sample = 1_000_000  # Train pairs (spread over the split) a vocabulary is built on.
+  config.vocabulary_sample = 100_000  # Train pairs (spread over the split) to build it on.
   config.max_length = 64  # Train tokens per row and side, EOS included.
   config.eval_max_length = None  # Eval tokens per row and side, EOS included; None: max_length.
   config.long_examples = 'truncate'  # Longer examples: 'truncate' (keep the start) or 'skip'.
@@ -196,8 +196,8 @@ class _Side:
 class _Examples:
   """A split's examples kept after dropping empty (and, with 'skip', long) ones.
 
-  `source.ids[source.starts[i]:...]` are the ids of stored example i; `kept` lists the stored
-  examples in use and `lengths` their lengths in the batches, truncated and EOS included.
+  `source` and `target` hold the ids of every stored example; `kept` lists the stored examples in
+  use, and `source_lengths` / `target_lengths` their lengths in batches (truncated, EOS included).
   """
 
   def __init__(self, split, tokenizer, max_length: int, long_examples: str):
@@ -221,7 +221,8 @@ class _Examples:
       logging.warning(
           "%s %d of %d examples in this host's share of the %s that are longer than %d tokens "
           '(source or target, EOS included; the longest has %d, e.g. lines %s). '
-          "config.data.long_examples='truncate' or 'skip' chooses what happens to them.",
+          "config.data.long_examples ('truncate' or 'skip') chooses what happens to them; "
+          'or raise max_length.',
           action, self.num_long, num, split.name, max_length, int(longest[long].max()),
           split.line_numbers[long][:_NUM_LINES_LOGGED].tolist())
     dropped = empty | long if long_examples == 'skip' else empty
@@ -318,7 +319,8 @@ def _buffer_shuffled(num: int, buffer_size: int, rng: np.random.Generator) -> np
 
 
 def _check_batch_size(batch_size):
-  if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+  is_int = isinstance(batch_size, (int, np.integer)) and not isinstance(batch_size, bool)
+  if not is_int or batch_size < 1:
     raise ValueError(f'batch_size={batch_size!r} must be an int >= 1.')
 
 

@@ -195,6 +195,7 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
   """A TFDS translation dataset; config.source_language / target_language pick the features."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   name = config.dataset
+  split_size = image_sources._tfds_split_size  # pylint: disable=protected-access
   image_sources._prepare_tfds(builder, name, config, tfds)  # pylint: disable=protected-access
   source, target = _translation_languages(builder, config)
   logging.info('Reading TFDS dataset %s (%s -> %s) into memory', name, source, target)
@@ -208,8 +209,7 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
   shares = {}
   for key in ('train', 'test'):
     split = config[key + '_split']
-    sizes = [image_sources._tfds_split_size(builder, host_split(split, i))  # pylint: disable=protected-access
-             for i in range(process_count)]
+    sizes = [split_size(builder, host_split(split, i)) for i in range(process_count)]
     first = sum(sizes[:process_index])
     sources, targets = read(host_split(split, process_index))
     shares[key] = Split(
@@ -217,7 +217,7 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
         sources=sources,
         targets=targets,
         line_numbers=np.arange(first + 1, first + len(sources) + 1),
-        num_examples=image_sources._tfds_split_size(builder, split),  # pylint: disable=protected-access
+        num_examples=split_size(builder, split),
         max_local_examples=max(sizes))
 
   def vocabulary_texts(num_pairs):
