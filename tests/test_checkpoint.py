@@ -87,6 +87,20 @@ def test_npz_round_trip_is_exact(name, tmp_path):
 
 
 @pytest.mark.parametrize('name', MODELS)
+def test_orbax_round_trip_is_exact(name, tmp_path):
+  params = _random_params(name)
+  workdir = tmp_path / 'workdir'
+  convert.write_orbax(str(workdir), _flat(params))
+  _assert_trees_equal(convert.read_orbax(str(workdir)), params)
+  with pytest.raises(FileExistsError, match='--overwrite'):
+    convert.write_orbax(str(workdir), _flat(params))
+  # The CLI goes orbax -> npz -> orbax, exactly.
+  assert convert.main([str(workdir), str(tmp_path / 'p.npz')]) == 0
+  assert convert.main([str(tmp_path / 'p.npz'), str(tmp_path / 'again')]) == 0
+  _assert_trees_equal(convert.read_orbax(str(tmp_path / 'again')), params)
+
+
+@pytest.mark.parametrize('name', MODELS)
 def test_timm_round_trip_is_exact(name, tmp_path):
   params = _random_params(name)
   flat = _flat(params)
@@ -433,8 +447,8 @@ def test_cli_errors(tmp_path, capsys):
   orbax_dir = tmp_path / 'orbax'
   orbax_dir.mkdir()
 
-  cases = [([str(orbax_dir), str(tmp_path / 'x.npz')], 'orbax conversion not supported yet'),
-           ([str(npz), str(orbax_dir)], 'orbax conversion not supported yet'),
+  cases = [([str(orbax_dir), str(tmp_path / 'x.npz')], 'not a vit_jax workdir'),
+           ([str(npz), str(orbax_dir)], 'already exists; pass --overwrite'),
            ([str(npz), str(tmp_path / 'x.pt')], 'extension'),
            ([str(timm_file), str(tmp_path / 'y.npz')], '--model'),
            ([str(npz), str(tmp_path / 'z.npz'), '--model', 'DeiT-testing'],

@@ -290,23 +290,60 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
 # Command line.
 
 FORMATS = {'.npz': 'npz', '.safetensors': 'safetensors'}
-_ORBAX_ERROR = 'orbax conversion not supported yet'
 
 
 def file_format(path: str) -> str:
-  """'npz' or 'safetensors', from the extension."""
-  if os.path.isdir(path) or path.endswith('/'):
-    raise ValueError(f'{path} is a directory (an orbax checkpoint?): {_ORBAX_ERROR}.')
+  """'npz' or 'safetensors' from the extension; 'orbax' for a directory (a vit_jax workdir)."""
+  if os.path.isdir(path) or path.endswith('/') or not os.path.splitext(path)[1]:
+    return 'orbax'
   extension = os.path.splitext(path)[1].lower()
   if extension not in FORMATS:
     raise ValueError(f'Cannot tell the format of {path} from its extension; use one of '
-                     f'{sorted(FORMATS)} (orbax directories: {_ORBAX_ERROR}).')
+                     f'{sorted(FORMATS)}, or a directory for an orbax checkpoint.')
   return FORMATS[extension]
+
+
+def read_orbax(path: str) -> dict:
+  """The params of the latest orbax checkpoint in the workdir `path` (nested, numpy)."""
+  from vit_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(os.path.join(path, 'checkpoints')):
+    raise ValueError(f'{path} is not a vit_jax workdir: it has no checkpoints/ directory.')
+  return checkpointing.Checkpointer(path).restore_params()
+
+
+def write_orbax(path: str, params: Mapping[str, Any], *, overwrite: bool = False) -> None:
+  """Writes `params` as a workdir holding one orbax checkpoint, PATH/checkpoints/0.
+
+  The result loads with `--config.pretrained=PATH`. It is built beside `path`
+  and renamed into place, so a failure leaves `path` as it was.
+  """
+  import shutil  # pylint: disable=g-import-not-at-top
+  import tempfile  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
+  path = os.path.abspath(path)
+  if os.path.exists(path) and not overwrite:
+    raise FileExistsError(f'{path} already exists; pass --overwrite to replace it.')
+  parent = os.path.dirname(path)
+  if not os.path.isdir(parent):
+    raise FileNotFoundError(f'Cannot write {path}: directory {parent} does not exist.')
+  staging = tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(path)}.')
+  try:
+    writer = checkpointing.Checkpointer(staging, keep=1)
+    writer.save(0, {'params': checkpoint.unflatten_params(dict(params))})
+    writer.close()
+    if os.path.exists(path):
+      shutil.rmtree(path)
+    os.replace(staging, path)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def read_published(path: str, *, model: str | None = None) -> FlatParams:
   """Any supported file -> flat params in the published layout (canonical names)."""
-  if file_format(path) == 'npz':
+  kind = file_format(path)
+  if kind == 'orbax':
+    return checkpoint.canonicalize(read_orbax(path))
+  if kind == 'npz':
     return checkpoint.canonicalize(checkpoint.load_npz(path))
   state_dict = load_safetensors(path)
   if model is None:
@@ -366,6 +403,8 @@ def convert_file(src: str, dst: str, *, model: str | None = None,
     check_against_model(flat, model)
   if dst_format == 'npz':
     checkpoint.save_npz(dst, flat, overwrite=overwrite)
+  elif dst_format == 'orbax':
+    write_orbax(dst, flat, overwrite=overwrite)
   else:
     save_safetensors(dst, to_timm(flat), overwrite=overwrite)
 
@@ -373,8 +412,11 @@ def convert_file(src: str, dst: str, *, model: str | None = None,
 def print_names(path: str, out=None) -> None:
   """Lists the arrays of a checkpoint file as stored: name, shape, dtype."""
   out = out or sys.stdout
-  if file_format(path) == 'npz':
+  kind = file_format(path)
+  if kind == 'npz':
     arrays = checkpoint.flatten_params(checkpoint.load_npz(path))
+  elif kind == 'orbax':
+    arrays = checkpoint.flatten_params(read_orbax(path))
   else:
     arrays = load_safetensors(path)
   width = max((len(name) for name in arrays), default=0)
@@ -387,10 +429,11 @@ def print_names(path: str, out=None) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
       prog='python -m vit_jax.convert',
-      description='Convert ViT checkpoints between the published .npz layout and timm '
-                  '.safetensors; formats come from the extensions.')
-  parser.add_argument('src', help='checkpoint to read (.npz or .safetensors)')
-  parser.add_argument('dst', nargs='?', help='file to write (.npz or .safetensors)')
+      description='Convert ViT checkpoints between the published .npz layout, timm '
+                  '.safetensors and orbax (a vit_jax workdir); formats come from the paths.')
+  parser.add_argument('src', help='checkpoint to read (.npz, .safetensors or a workdir)')
+  parser.add_argument('dst', nargs='?', help='where to write (.npz, .safetensors or a '
+                      'directory for orbax)')
   parser.add_argument('--model', help='registry model name, e.g. ViT-B_16; needed to read '
                       'a timm file, and checks the converted parameters when given')
   parser.add_argument('--overwrite', action='store_true', help='replace an existing DST')
