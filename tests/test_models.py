@@ -27,6 +27,8 @@ PUBLISHED_PARAMETER_COUNTS = {
     ('DeiT-B_16', 224): 87_338_192,
 }
 IMAGE_TESTING_MODELS = ['ViT-testing', 'R+ViT-testing', 'DeiT-testing']
+# One ResNet stage keeps the hybrid's compile times short in tests (registry: two).
+FAST = {'R+ViT-testing': dict(resnet_layers=(1,))}
 
 
 def _param_shapes(model, resolution):
@@ -84,12 +86,12 @@ def images():
 
 @pytest.mark.parametrize('name', IMAGE_TESTING_MODELS)
 def test_forward_shapes_and_features(name, images):
-  model = models.get_model(name, num_classes=7)
+  model = models.get_model(name, num_classes=7, **FAST.get(name, {}))
   variables = model.init(jax.random.key(0), images)
   logits = model.apply(variables, images)
   assert logits.shape == (2, 7) and logits.dtype == jnp.float32
   np.testing.assert_array_equal(logits, 0.0)  # Zero-initialised head.
-  features = models.get_model(name, num_classes=0)
+  features = models.get_model(name, num_classes=0, **FAST.get(name, {}))
   out = features.apply(features.init(jax.random.key(0), images), images)
   assert out.shape == (2, 32)
   assert 'head' not in features.init(jax.random.key(0), images)['params']
@@ -123,7 +125,7 @@ def test_deit_returns_both_logits_in_training_and_their_mean_at_inference(images
                                      dict(scan_layers=True, remat=True)],
                          ids=['scan', 'remat', 'scan+remat'])
 def test_scan_and_remat_match_the_plain_stack(name, variant, images):
-  plain = models.get_model(name, num_classes=5)
+  plain = models.get_model(name, num_classes=5, **FAST.get(name, {}))
   variables = _perturbed_variables(plain, images)
   other = plain.clone(**variant)
   other_params = variables['params']
@@ -195,7 +197,8 @@ def test_sincos2d_position_embedding_has_no_parameters(images):
 
 @pytest.mark.parametrize('name', IMAGE_TESTING_MODELS)
 def test_bfloat16_compute(name, images):
-  model = models.get_model(name, num_classes=5, dropout_rate=0.0, droppath_rate=0.0)
+  model = models.get_model(name, num_classes=5, dropout_rate=0.0, droppath_rate=0.0,
+                           **FAST.get(name, {}))
   variables = _perturbed_variables(model, images)
   reference = model.apply(variables, images)
   low = model.clone(dtype=jnp.bfloat16)
