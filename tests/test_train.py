@@ -11,6 +11,7 @@ import textwrap
 import jax
 import numpy as np
 import pytest
+from helpers import override, read_metrics
 
 from vit_jax import checkpoint as weights
 from vit_jax import main, models
@@ -33,18 +34,7 @@ def tiny_config(**overrides):
   config.log_every = 5
   config.eval_every = 10
   config.checkpoint_every = 10
-  for key, value in overrides.items():
-    target = config
-    *parents, leaf = key.split('.')
-    for parent in parents:
-      target = target[parent]
-    target[leaf] = value
-  return config
-
-
-def read_metrics(workdir, split):
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [row for row in map(json.loads, f) if row['split'] == split]
+  return override(config, overrides)
 
 
 def test_train_writes_metrics_checkpoints_and_resumes(tmp_path):

@@ -1,9 +1,9 @@
 """The translation trainer: dates end to end, translate from a file, own parallel text."""
 
-import json
 import os
 
 import pytest
+from helpers import override, read_metrics
 
 from vit_jax import main
 from vit_jax.train import config as config_lib
@@ -30,18 +30,7 @@ def tiny_config(**overrides):
   config.log_every = 10
   config.eval_every = 0
   config.checkpoint_every = 0
-  for key, value in overrides.items():
-    target = config
-    *parents, leaf = key.split('.')
-    for parent in parents:
-      target = target[parent]
-    target[leaf] = value
-  return config
-
-
-def read_metrics(workdir, split):
-  with open(os.path.join(workdir, 'metrics.jsonl')) as f:
-    return [row for row in map(json.loads, f) if row['split'] == split]
+  return override(config, overrides)
 
 
 def test_dates_train_evaluate_and_translate(tmp_path, capsys):

@@ -74,10 +74,9 @@ class Checkpointer:
 
   def _check_shapes(self, step: int, abstract_state):
     stored = dict(self._manager.item_metadata(step))
-    expected = abstract_state if isinstance(abstract_state, dict) else abstract_state.__dict__
     mismatched = []
-    flat_expected = dict(_flatten(expected.get('params', {})))
-    flat_stored = dict(_flatten(stored.get('params', {})))
+    flat_expected = dict(_flatten(abstract_state['params']))
+    flat_stored = dict(_flatten(stored['params']))
     for name in sorted(set(flat_expected) | set(flat_stored)):
       want = flat_expected.get(name)
       have = flat_stored.get(name)
