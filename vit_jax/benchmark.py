@@ -316,12 +316,31 @@ class OursRunner:
     self.output = out
 
 
-def build_ours_vit(args, model, params, images, labels) -> OursRunner:
+def _vit_step(args, model):
+  """The function one benchmark step runs, and its optimizer (None in infer mode)."""
   if args.mode == 'infer':
-    apply = lambda p, x: model.apply({'params': p}, x)  # noqa: E731
-    return OursRunner(apply, (params, images), donate_state=False)
+    return (lambda p, x: model.apply({'params': p}, x)), None
   tx, schedule = _optimizer(total_steps=args.warmup + args.steps + 1)
-  step = loop.make_train_step(_ImageTask(model), tx, schedule, accum_steps=1)
+  return loop.make_train_step(_ImageTask(model), tx, schedule, accum_steps=1), tx
+
+
+def _model_macs(args, images, labels) -> int:
+  """Multiply-adds of one step of the model `args` describe (traced, not run)."""
+  model = models.get_model(args.model, num_classes=NUM_CLASSES, **_model_overrides(args))
+  image_spec = jax.ShapeDtypeStruct((1, args.resolution, args.resolution, 3), jnp.float32)
+  params = jax.eval_shape(lambda r, x: model.init(r, x)['params'], jax.random.PRNGKey(0),
+                          image_spec)
+  step, tx = _vit_step(args, model)
+  if tx is None:
+    return count_flops(step, params, images)
+  state = jax.eval_shape(lambda p: make_train_state(p, tx), params)
+  return count_flops(step, state, {'images': images, 'labels': labels}, None)
+
+
+def build_ours_vit(args, model, params, images, labels) -> OursRunner:
+  step, tx = _vit_step(args, model)
+  if tx is None:
+    return OursRunner(step, (params, images), donate_state=False)
   batch = {'images': images, 'labels': labels}
   return OursRunner(step, (make_train_state(params, tx), batch, None), donate_state=True)
 
@@ -480,12 +499,18 @@ def benchmark_vit(args) -> dict:
 
   timings = time_alternating(runners, args.steps, args.rounds)
   peak = peak_tflops(args.dtype, args.peak_tflops)
+  macs = {'ours': ours.macs}
+  if timm_runner is not None:  # timm does the model's work: no recomputation.
+    macs['timm'] = ours.macs
+    if args.remat or args.attention == 'chunked':  # Both recompute in the backward pass.
+      plain_args = argparse.Namespace(**{**vars(args), 'remat': False, 'attention': 'fused'})
+      macs['timm'] = _model_macs(plain_args, images, labels)
   results = {}
   for name, timing in timings.items():
     summary = timing.summary(args.batch)
     summary['images_per_s'] = summary.pop('items_per_s')
     results[name] = {**summary, 'warmup_s': warmup_s[name], 'memory': memory[name],
-                     **_throughput_figures(ours.macs, summary['step_s_median'], peak)}
+                     **_throughput_figures(macs[name], summary['step_s_median'], peak)}
   results['ours']['compile_s'] = ours.compile_s
   if timm_runner is not None:
     results['timm']['torch_threads'] = timm_runner.threads
