@@ -54,8 +54,9 @@ def test_train_counts_the_whole_step(tmp_path, capsys):
 
 def test_seq2seq(tmp_path, capsys):
   report, printed = _run(tmp_path, capsys, '--model', 'Transformer-testing', '--mode',
-                         'seq2seq', '--num-layers', '1', '--batch', '2', '--seq-len', '6', '--decode-length', '5',
-                         '--vocab-size', '17', '--steps', '2', '--warmup', '1')
+                         'seq2seq', '--num-layers', '1', '--batch', '2', '--seq-len', '6',
+                         '--decode-length', '5', '--vocab-size', '17', '--steps', '2',
+                         '--warmup', '1')
   for name in ('train', 'decode_cached', 'decode_uncached'):
     assert report[name]['tokens_per_s'] > 0 and report[name]['macs_per_step'] > 0
   # Re-running the decoder on the whole prefix costs more than the cached step.

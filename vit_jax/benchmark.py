@@ -2,7 +2,8 @@
 
   python -m vit_jax.benchmark --model ViT-B_16 --mode infer --batch 8 --resolution 224 \\
       --dtype float32 [--steps 20] [--warmup 3] [--compare timm] [--json out.json] \\
-      [--peak-tflops X] [--attention fused|plain|chunked] [--scan-layers] [--remat]
+      [--peak-tflops X] [--attention fused|plain|chunked] [--scan-layers] [--remat] \\
+      [--tune-malloc] [--timm-path DIR]
   python -m vit_jax.benchmark --model ViT-S_16 --mode train --batch 16 --compare timm
   python -m vit_jax.benchmark --model Transformer-base --mode seq2seq [--seq-len 64] \\
       [--decode-length 64] [--vocab-size 32000]
@@ -37,6 +38,9 @@ Memory: on GPU/TPU the device's `peak_bytes_in_use` (and torch's
 `max_memory_allocated`); on CPU the process's peak RSS (`resource.getrusage`),
 which covers everything the process did so far, plus XLA's memory analysis of
 the compiled function.
+
+On CPUs, `--tune-malloc` stops glibc from handing XLA a freshly mapped (and so
+page-faulting) temporary buffer at every step; see `tune_malloc`.
 """
 
 import argparse

@@ -203,7 +203,8 @@ def chunked_attention(query: Array, key: Array, value: Array,
   (T, S) score matrix is never built: each step scores `chunk_size` keys and
   updates a running max, running sum and float32 accumulator, so memory grows
   linearly with the key length. The gradient (a custom VJP) also loops over
-  key chunks, recomputing the scores from the saved softmax row max and sum.
+  key chunks, recomputing the scores from the saved softmax row max and sum;
+  being a custom VJP, it supports reverse-mode differentiation only (no jvp).
 
   Args:
     query: (B, T, N, H).
