@@ -2,6 +2,7 @@
 fine-tune, distil, accumulate, and the errors a user meets."""
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -235,3 +236,17 @@ def test_evaluate_a_workdir_with_no_other_flags(tmp_path):
   missing = subprocess.run([sys.executable, '-m', 'vit_jax.main', f'--workdir={tmp_path}/none'],
                            capture_output=True, text=True, cwd=REPO)
   assert missing.returncode != 0 and 'No --config given' in missing.stderr
+
+
+def test_no_recompiles_inside_the_training_loop(tmp_path, caplog):
+  jax.config.update('jax_log_compiles', True)
+  try:
+    with caplog.at_level(logging.WARNING):
+      main.run(tiny_config(total_steps=12, log_every=3, eval_every=4, checkpoint_every=6),
+               str(tmp_path / 'run'))
+  finally:
+    jax.config.update('jax_log_compiles', False)
+  compiled = [r.getMessage() for r in caplog.records
+              if r.getMessage().startswith('Finished XLA compilation of')]
+  for name in ('train_step', 'eval_sums'):  # 12 steps and 3 evaluations: one compilation each.
+    assert sum(f'jit({name})' in m for m in compiled) == 1, (name, compiled)

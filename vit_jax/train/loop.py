@@ -136,9 +136,8 @@ def _prefetch(batches: Iterator[dict], mesh, size: int = 2) -> Iterator[dict]:
     yield item
 
 
-def evaluate_params(task: Task, params: Any, mesh) -> dict:
-  """Runs the eval split once; sums on device, one transfer at the end."""
-  eval_sums = jax.jit(task.eval_sums)
+def evaluate_params(task: Task, params: Any, mesh, eval_sums: Callable) -> dict:
+  """Runs the eval split once with the jitted `eval_sums`; one transfer at the end."""
   totals = None
   for batch in task.eval_batches():
     sums = eval_sums(params, mesh_lib.global_batch(batch, mesh))
@@ -202,6 +201,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
                        donate_argnums=0)
   writer = metrics_lib.MetricWriter(workdir)
   progress = metrics_lib.Progress(start_step, config.total_steps, config.batch_size)
+  eval_sums = jax.jit(task.eval_sums)  # Compiled once, reused by every evaluation.
   frozen = jax.device_put(task.frozen_params(), mesh_lib.replicated(mesh))
   batches = _prefetch(task.train_batches(start_step), mesh)
   pending: list[tuple[int, dict]] = []
@@ -241,7 +241,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
             f'ETA {metrics_lib.format_duration(stats["eta"])}')
         pending = []
       if do_eval:
-        last_eval = evaluate_params(task, state['params'], mesh)
+        last_eval = evaluate_params(task, state['params'], mesh, eval_sums)
         writer.write(step, 'test', last_eval)
         metrics_lib.log(f'eval at step {step}: ' + '  '.join(
             f'{k} {v:.4f}' for k, v in last_eval.items()))
@@ -270,7 +270,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dic
                         abstract, shardings)
   state = checkpointer.restore(target, step)
   checkpointer.close()
-  results = evaluate_params(task, state['params'], mesh)
+  results = evaluate_params(task, state['params'], mesh, jax.jit(task.eval_sums))
   writer = metrics_lib.MetricWriter(workdir)
   writer.write(step, 'test', results)
   writer.close()
