@@ -72,7 +72,7 @@ class EncoderBlock(nn.Module):
   stochastic_depth: bool = False  # Apply drop-path with the per-call rate.
   norm_position: str = 'pre'  # 'pre' (ViT) or 'post' (original Transformer).
   activation: str = 'gelu'
-  attention_impl: str = 'fused'  # 'fused' or 'plain' (see attention.py).
+  attention_impl: str = 'fused'  # 'fused', 'plain' or 'chunked' (see attention.py).
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
