@@ -16,6 +16,8 @@ from typing import Iterator
 import ml_collections
 import numpy as np
 
+from vit_jax.data import hosts
+
 _AUTOTUNE = -1  # tf.data.AUTOTUNE, spelled out so that building a config needs no TensorFlow.
 TRAIN_CROPS = ('inception_crop', 'resize_random_crop', 'pad_random_crop', 'resize')
 
@@ -250,13 +252,7 @@ def build(config, process_index: int | None = None,
     ValueError: unknown keys, invalid values, unknown dataset, or a malformed image folder.
     RuntimeError: a TFDS dataset that is not prepared and cannot be prepared here.
   """
-  if process_index is None or process_count is None:
-    import jax  # pylint: disable=g-import-not-at-top
-    process_index = jax.process_index() if process_index is None else process_index
-    process_count = jax.process_count() if process_count is None else process_count
-  if not 0 <= process_index < process_count:
-    raise ValueError(
-        f'process_index={process_index} must be in [0, process_count={process_count}).')
+  process_index, process_count = hosts.resolve_host(process_index, process_count)
   config = _checked_config(ml_collections.ConfigDict(config))
   from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
   source = sources.load(config, process_index, process_count)

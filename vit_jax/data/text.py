@@ -23,7 +23,7 @@ from absl import logging
 import ml_collections
 import numpy as np
 
-from vit_jax.data import tokenizers
+from vit_jax.data import hosts, tokenizers
 from vit_jax.data.tokenizers import EOS_ID, PAD_ID  # Also text.EOS_ID, text.PAD_ID for callers.
 
 LONG_EXAMPLES = ('truncate', 'skip')
@@ -470,13 +470,7 @@ def build(config, workdir: str | None = None, process_index: int | None = None,
       a saved vocabulary that does not match the config, or no train examples on this host.
     RuntimeError: a TFDS dataset that is not prepared and cannot be prepared here.
   """
-  if process_index is None or process_count is None:
-    import jax  # pylint: disable=g-import-not-at-top
-    process_index = jax.process_index() if process_index is None else process_index
-    process_count = jax.process_count() if process_count is None else process_count
-  if not 0 <= process_index < process_count:
-    raise ValueError(
-        f'process_index={process_index} must be in [0, process_count={process_count}).')
+  process_index, process_count = hosts.resolve_host(process_index, process_count)
   config = _checked_config(ml_collections.ConfigDict(config))
   from vit_jax.data import text_sources  # pylint: disable=g-import-not-at-top
   source = text_sources.load(config, process_index, process_count)
