@@ -44,6 +44,14 @@ class Source:
   skipped_files: tuple[str, ...] = ()  # Files left out at load time (image folders).
 
 
+def tfds_suggestion(name: str) -> str:
+  """' Close TFDS names: a, b.' for a dataset name that TFDS does not know, or ''."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  base_name = name.split('/')[0].split(':')[0]  # Without '/config' or ':version'.
+  close = difflib.get_close_matches(base_name, tfds.list_builders(), n=5, cutoff=0.6)
+  return f' Close TFDS names: {", ".join(close)}.' if close else ''
+
+
 def host_range(num_examples: int, process_index: int, process_count: int) -> tuple[int, int]:
   """[start, stop) of this host's share; the first num_examples % process_count get one more."""
   base, extra = divmod(num_examples, process_count)
@@ -316,16 +324,13 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
 
 
 def _unknown_dataset_error(config: ml_collections.ConfigDict, tfds_error: Exception) -> ValueError:
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   name = config.dataset
   if os.path.isdir(os.path.expanduser(name)):
     as_folder = (f'a directory, but without a {config.train_split!r} subdirectory for an image '
                  f'folder ({_FOLDER_LAYOUT})')
   else:
     as_folder = 'not an existing directory'
-  base_name = name.split('/')[0].split(':')[0]  # Without '/config' or ':version'.
-  close = difflib.get_close_matches(base_name, tfds.list_builders(), n=5, cutoff=0.6)
-  suggestion = f' Close TFDS names: {", ".join(close)}.' if close else ''
+  suggestion = tfds_suggestion(name)
   return ValueError(
       f"Unknown dataset {name!r} (config.data.dataset): it is not 'digits', it is {as_folder}, and "
       'it is neither a registered TFDS builder nor a dataset prepared in '

@@ -9,7 +9,6 @@ concatenated in host order are the test split in order.
 """
 
 import dataclasses
-import difflib
 import gzip
 import zlib
 from typing import Callable
@@ -241,11 +240,8 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
 
 
 def _unknown_dataset_error(config: ml_collections.ConfigDict, error: Exception) -> ValueError:
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   name = config.dataset
-  base_name = name.split('/')[0].split(':')[0]  # Without '/config' or ':version'.
-  close = difflib.get_close_matches(base_name, tfds.list_builders(), n=5, cutoff=0.6)
-  suggestion = f' Close TFDS names: {", ".join(close)}.' if close else ''
+  suggestion = image_sources.tfds_suggestion(name)
   return ValueError(
       f"Unknown dataset {name!r} (config.data.dataset): it is not 'dates' or 'files', and it is "
       'neither a registered TFDS builder nor a dataset prepared in '

@@ -12,6 +12,8 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
+from vit_jax import checkpoint as weights
+
 
 def config_path(workdir: str) -> str:
   return os.path.join(workdir, 'config.json')
@@ -75,8 +77,8 @@ class Checkpointer:
   def _check_shapes(self, step: int, abstract_state):
     stored = dict(self._manager.item_metadata(step))
     mismatched = []
-    flat_expected = dict(_flatten(abstract_state['params']))
-    flat_stored = dict(_flatten(stored['params']))
+    flat_expected = weights.flatten_params(abstract_state['params'])
+    flat_stored = weights.flatten_params(stored['params'])
     for name in sorted(set(flat_expected) | set(flat_stored)):
       want = flat_expected.get(name)
       have = flat_stored.get(name)
@@ -98,10 +100,3 @@ class Checkpointer:
     self._manager.wait_until_finished()
     self._manager.close()
 
-
-def _flatten(tree, prefix=''):
-  if isinstance(tree, dict) or hasattr(tree, 'items'):
-    for key, value in tree.items():
-      yield from _flatten(value, f'{prefix}{key}/')
-  else:
-    yield prefix[:-1], tree
