@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import cached_teacher_forced_logits
 
 from vit_jax import models
 from vit_jax.models import attention
@@ -133,27 +134,11 @@ def test_transformer_cached_decoding_with_chunked_attention():
   model = models.get_model('Transformer-testing', vocab_size=13, attention_impl='chunked')
   inputs = np.array([[5, 6, 7, 0], [3, 4, 0, 0]])
   targets = np.array([[11, 12, 3, 4, 5], [3, 9, 9, 4, 0]])
-  decoder = model.clone(cached_decoding=True)
-  # One init gives the params and the empty cache (at the maximum length).
-  variables = jax.jit(decoder.init)(jax.random.key(0), inputs, targets)
-  cache, variables = variables['cache'], {'params': variables['params']}
+  variables = jax.jit(model.init)(jax.random.key(0), inputs, targets)
   full = jax.jit(model.apply)(variables, inputs, targets)
   np.testing.assert_allclose(full, jax.jit(model.clone(attention_impl='plain').apply)(
       variables, inputs, targets), atol=1e-5, rtol=0)
-  encoded = jax.jit(lambda v, x: model.apply(v, x, method='encode'))(variables, inputs)
-
-  @jax.jit
-  def step(cache, token):
-    logits, updated = decoder.apply({'params': variables['params'], 'cache': cache},
-                                    encoded, inputs, token, method='decode',
-                                    mutable=['cache'])
-    return updated['cache'], logits[:, 0]
-
-  token, steps = np.zeros((2, 1), np.int32), []
-  for t in range(targets.shape[1]):
-    cache, logits = step(cache, token)
-    steps.append(logits)
-    token = targets[:, t:t + 1]
+  steps = cached_teacher_forced_logits(model, variables['params'], inputs, targets)
   valid = np.asarray(targets > 0)  # Padded target positions are garbage in both.
-  np.testing.assert_allclose(np.stack(steps, axis=1)[valid], np.asarray(full)[valid],
+  np.testing.assert_allclose(np.asarray(steps)[valid], np.asarray(full)[valid],
                              atol=1e-5, rtol=0)

@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import cached_teacher_forced_logits
 
 from vit_jax import models
 
@@ -53,23 +54,8 @@ def test_cached_decoding_reproduces_full_forward(setup, attention_impl):
   model, variables, inputs, targets = setup
   model = model.clone(attention_impl=attention_impl)
   full = model.apply(variables, inputs, targets)
-  decoder = model.clone(cached_decoding=True)
-  cache = decoder.init(jax.random.key(0), inputs, targets)['cache']
-  encoded = model.apply(variables, inputs, method='encode')
-
-  @jax.jit
-  def step(cache, token):
-    logits, updated = decoder.apply({'params': variables['params'], 'cache': cache},
-                                    encoded, inputs, token, method='decode',
-                                    mutable=['cache'])
-    return updated['cache'], logits[:, 0]
-
-  token, steps = jnp.zeros((2, 1), jnp.int32), []
-  for t in range(targets.shape[1]):
-    cache, logits = step(cache, token)
-    steps.append(logits)
-    token = targets[:, t:t + 1]  # Teacher forcing: the next input is target t.
-  np.testing.assert_allclose(jnp.stack(steps, axis=1), full, atol=1e-5, rtol=0)
+  steps = cached_teacher_forced_logits(model, variables['params'], inputs, targets)
+  np.testing.assert_allclose(steps, full, atol=1e-5, rtol=0)
 
 
 def test_cached_decoding_rejects_more_than_one_token(setup):
