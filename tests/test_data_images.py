@@ -50,6 +50,7 @@ def digits():
 
 def test_digits_split_sizes_and_shapes(digits):
   assert digits.num_classes == 10
+  assert digits.class_names == tuple('0123456789')
   assert digits.num_train_examples == 1437
   assert digits.num_test_examples == 360
   assert digits.local_num_test_examples == 360
@@ -274,7 +275,7 @@ def test_folder_dataset(tmp_path, caplog, cache):
   config = _config(dataset=str(tmp_path), image_size=8, train_crop='resize', cache=cache)
   with caplog.at_level(logging.WARNING):
     dataset = images.build(config, process_index=0, process_count=1)
-  assert dataset.num_classes == 2
+  assert dataset.num_classes == 2 and dataset.class_names == ('cat', 'dog')
   # The corrupt file is skipped and reported; notes.txt is not an image name, so not counted.
   assert dataset.skipped_files == (os.path.join(str(tmp_path), 'train', 'dog', 'corrupt.jpg'),)
   assert 'corrupt.jpg' in caplog.text and 'Skipped 1 of 6' in caplog.text
@@ -326,6 +327,7 @@ def test_tfds_dataset_through_build_with_mock_data():
     dataset = images.build(_config(dataset='cifar10', image_size=16, train_crop='inception_crop',
                                    flip=True), process_index=0, process_count=1)
     assert dataset.num_classes == 10
+    assert len(dataset.class_names) == 10  # The TFDS label feature's names.
     assert dataset.image_shape == (16, 16, 3)
     assert dataset.num_test_examples == 10
     _, labels, masks, num_batches = _eval_arrays(dataset, batch_size=4)

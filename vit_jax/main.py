@@ -19,18 +19,22 @@ _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and m
 
 
 def run(config, workdir: str):
-  """Runs `config.trainer` ('train', 'evaluate', 'translate') on `config.task`."""
+  """Runs `config.trainer` ('train', 'evaluate', 'translate', 'visualize') on `config.task`."""
   from vit_jax.train import loop  # Imported here so that --help stays fast.
   tasks = {'classification': 'vit_jax.train.classification:ClassificationTask',
            'translation': 'vit_jax.train.translation:TranslationTask'}
   trainers = {'train': loop.train, 'evaluate': loop.evaluate}
   if config.task not in tasks:
     raise ValueError(f'Unknown config.task {config.task!r}; choose one of {sorted(tasks)}.')
+  if config.trainer == 'visualize':
+    from vit_jax.train import visualization
+    return visualization.run(config, workdir)
   if config.trainer == 'translate' and config.task == 'translation':
     from vit_jax.train import translation
     return translation.translate(config, workdir)
   if config.trainer not in trainers:
-    known = sorted(trainers) + (['translate'] if config.task == 'translation' else [])
+    known = sorted(trainers) + ['visualize'] + (
+        ['translate'] if config.task == 'translation' else [])
     raise ValueError(f'Unknown config.trainer {config.trainer!r} for task {config.task}; '
                      f'choose one of {known}.')
   module_name, class_name = tasks[config.task].split(':')

@@ -96,6 +96,8 @@ class ImageDataset:
   Attributes:
     name: what was loaded ('digits', the TFDS name, or the image folder).
     num_classes: number of label classes.
+    class_names: the name of each label id (digits: '0'..'9'; TFDS: its label names; folders:
+      the class directories).
     num_train_examples: examples in the whole train split (all hosts together).
     num_test_examples: examples in the whole test split (all hosts together).
     local_num_test_examples: examples in this host's share of the test split.
@@ -112,6 +114,7 @@ class ImageDataset:
     self._eval_datasets = {}  # batch_size -> tf.data.Dataset, reused so that caching pays off.
     self.name = source.name
     self.num_classes = source.num_classes
+    self.class_names = source.class_names
     self.num_train_examples = source.num_train_examples
     self.num_test_examples = source.num_test_examples
     self.local_num_test_examples = source.local_num_test_examples

@@ -42,6 +42,7 @@ class Source:
   decode: Callable[[Any], dict] | None
   decode_can_fail: bool = False  # True: records that fail to decode are dropped (image folders).
   skipped_files: tuple[str, ...] = ()  # Files left out at load time (image folders).
+  class_names: tuple[str, ...] = ()  # Name of each label id; () when the dataset has none.
 
 
 def tfds_suggestion(name: str) -> str:
@@ -59,7 +60,8 @@ def host_range(num_examples: int, process_index: int, process_count: int) -> tup
   return start, start + base + int(process_index < extra)
 
 
-def _in_memory_source(name: str, num_classes: int, splits: dict[str, tuple[np.ndarray, np.ndarray]],
+def _in_memory_source(name: str, class_names: tuple[str, ...],
+                      splits: dict[str, tuple[np.ndarray, np.ndarray]],
                       process_index: int, process_count: int) -> Source:
   """A Source over {'train' | 'test': (uint8 images (N, H, W, C), int labels (N,))} arrays."""
   shares = {}
@@ -77,14 +79,15 @@ def _in_memory_source(name: str, num_classes: int, splits: dict[str, tuple[np.nd
   num_test = len(splits['test'][1])
   return Source(
       name=name,
-      num_classes=num_classes,
+      num_classes=len(class_names),
       num_train_examples=len(splits['train'][1]),
       num_test_examples=num_test,
       local_num_test_examples=len(shares['test']['label']),
       max_local_test_examples=-(-num_test // process_count),
       train=train,
       test=test,
-      decode=None)
+      decode=None,
+      class_names=class_names)
 
 
 def digits_splits() -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -113,7 +116,8 @@ def load_digits(config: ml_collections.ConfigDict, process_index: int,
       raise ValueError(f"config.{key}={config[key]!r}, but the digits dataset only has splits "
                        "'train' (1437 images) and 'test' (360 images).")
   splits = {'train': arrays[config.train_split], 'test': arrays[config.test_split]}
-  return _in_memory_source('digits', 10, splits, process_index, process_count)
+  class_names = tuple(str(digit) for digit in range(10))
+  return _in_memory_source('digits', class_names, splits, process_index, process_count)
 
 
 # ------------------------------------------------------------------------------ TFDS
@@ -204,7 +208,8 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
       max_local_test_examples=max(test_shares),
       train=train,
       test=test,
-      decode=decode)
+      decode=decode,
+      class_names=tuple(label_feature.names))
 
 
 # ------------------------------------------------------------------------------ Image folders
@@ -317,7 +322,8 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
       test=lambda: dataset('test_split'),
       decode=decode,
       decode_can_fail=True,
-      skipped_files=tuple(skipped_files))
+      skipped_files=tuple(skipped_files),
+      class_names=tuple(class_names))
 
 
 # ------------------------------------------------------------------------------ Dispatch

@@ -14,10 +14,23 @@ def model_config(name: str) -> ml_collections.ConfigDict:
   return config
 
 
+def visualize_config() -> ml_collections.ConfigDict:
+  """Knobs of `trainer=visualize`, which writes attention-map and training-curve PNGs."""
+  config = ml_collections.ConfigDict()
+  # Image files (classification) or sentences (translation), separated by '|';
+  # '': the first `num_examples` test examples.
+  config.inputs = ''
+  config.num_examples = 4  # Test examples drawn when `inputs` is empty.
+  config.layer = -1  # Layer whose attention is drawn (negative: counted from the last).
+  config.output_dir = ''  # Where the PNGs go; '': WORKDIR/visualize.
+  return config
+
+
 def classification_config(model: str = 'ViT-B_16') -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.task = 'classification'  # What is trained: 'classification' (images).
-  config.trainer = 'train'  # What runs: 'train' or 'evaluate' (the latest checkpoint).
+  # What runs: 'train', 'evaluate' (the latest checkpoint) or 'visualize' (attention PNGs).
+  config.trainer = 'train'
   config.seed = 0  # Parameter init, dropout and data order.
   config.model = model_config(model)  # Registry name + overrides (dtype, dropout, ...).
   config.data = images.default_config()  # Dataset, preprocessing, augmentation.
@@ -37,13 +50,15 @@ def classification_config(model: str = 'ViT-B_16') -> ml_collections.ConfigDict:
   config.eval_every = 1000  # Steps between evaluations (0: only at the end).
   config.checkpoint_every = 1000  # Steps between checkpoints (0: only at the end).
   config.keep_checkpoints = 2  # Checkpoints kept in WORKDIR/checkpoints.
+  config.visualize = visualize_config()  # trainer=visualize: inputs, layer, output directory.
   return config
 
 
 def translation_config(model: str = 'Transformer-base') -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.task = 'translation'  # What is trained: 'translation' (seq2seq text).
-  config.trainer = 'train'  # 'train', 'evaluate' (latest checkpoint) or 'translate' (stdin).
+  # 'train', 'evaluate' (latest checkpoint), 'translate' (stdin) or 'visualize' (attention PNGs).
+  config.trainer = 'train'
   config.seed = 0  # Parameter init, dropout and data order.
   config.model = model_config(model)  # Registry name + overrides (embed_dim, num_layers, ...).
   config.data = text.default_config()  # Corpus, tokenizer, lengths, packing.
@@ -71,4 +86,5 @@ def translation_config(model: str = 'Transformer-base') -> ml_collections.Config
   config.eval_every = 5000  # Steps between evaluations (0: only at the end).
   config.checkpoint_every = 5000  # Steps between checkpoints (0: only at the end).
   config.keep_checkpoints = 2  # Checkpoints kept in WORKDIR/checkpoints.
+  config.visualize = visualize_config()  # trainer=visualize: inputs, layer, output directory.
   return config

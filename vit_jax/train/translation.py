@@ -64,15 +64,22 @@ class Translator:
       return tokens[:, 0]
     self._decode = jax.jit(run)
 
-  def translate(self, lines: list[str]) -> list[str]:
-    outputs = []
+  def translate_ids(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Source ids (len(lines), max_length) and output ids (len(lines), max_decode_length)."""
+    sources, outputs = [], []
     for start in range(0, len(lines), self.batch_size):
       chunk = lines[start:start + self.batch_size]
       inputs = encode_lines(self.tokenizer, chunk + [''] * (self.batch_size - len(chunk)),
                             self.max_length)  # Fixed batch shape: one compilation.
-      tokens = np.asarray(self._decode(self.params, inputs))[:len(chunk)]
-      outputs.extend(self.tokenizer.decode([int(t) for t in row]) for row in tokens)
-    return outputs
+      sources.append(inputs[:len(chunk)])
+      outputs.append(np.asarray(self._decode(self.params, inputs))[:len(chunk)])
+    return np.concatenate(sources), np.concatenate(outputs)
+
+  def translate(self, lines: list[str]) -> list[str]:
+    if not lines:
+      return []
+    _, outputs = self.translate_ids(lines)
+    return [self.tokenizer.decode([int(t) for t in row]) for row in outputs]
 
 
 def text_metrics(hypotheses: list[str], references: list[str]) -> dict:

@@ -1,0 +1,141 @@
+"""`trainer=visualize`: attention maps and training curves of a run, written as PNGs.
+
+  python -m vit_jax.main --workdir=runs/digits --config.trainer=visualize \
+      [--config.visualize.inputs='cat.jpg|dog.png'] [--config.visualize.layer=-1]
+
+Classification: per image, the class token's attention in each head of one layer and the
+attention rollout over all layers, overlaid on the image (attention_{i}.png), and the
+top-5 classes (predictions.png). Translation: the encoder-decoder attention of each
+translation with the tokens on the axes (cross_attention_{i}.png). Both: the training
+curves from WORKDIR/metrics.jsonl (training_curves.png).
+"""
+
+import os
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from vit_jax import visualize
+from vit_jax.train import checkpointing, config as train_config, metrics as metrics_lib
+
+
+def _split_inputs(inputs: str) -> list[str]:
+  return [item.strip() for item in inputs.split('|') if item.strip()]
+
+
+def _restore_params(config: ml_collections.ConfigDict, workdir: str, init_params) -> dict:
+  """The latest checkpoint in `workdir`, else the weights `config.pretrained` names."""
+  checkpointer = checkpointing.Checkpointer(workdir)
+  if checkpointer.latest_step() is not None:
+    return checkpointer.restore_params()
+  if config.get('pretrained'):
+    from vit_jax.train import classification  # pylint: disable=g-import-not-at-top
+    return classification.load_weights(config.pretrained, jax.device_get(init_params))
+  raise FileNotFoundError(
+      f'No checkpoint in {checkpointer.directory} to visualize. Train first '
+      f'(--config.trainer=train) or pass published weights with --config.pretrained=FILE.npz.')
+
+
+def _layer_index(layer: int, num_layers: int) -> int:
+  if not -num_layers <= layer < num_layers:
+    raise ValueError(f'config.visualize.layer={layer} is out of range for a model with '
+                     f'{num_layers} layers (use 0..{num_layers - 1}, or -1 for the last).')
+  return layer % num_layers
+
+
+def _load_image_files(paths: list[str], data_config) -> np.ndarray:
+  """Image files -> model inputs (B, H, W, C) in [-1, 1], preprocessed like test images."""
+  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
+  images = []
+  for path in paths:
+    if not tf.io.gfile.exists(path):
+      raise FileNotFoundError(f'config.visualize.inputs names {path!r}, which does not exist.')
+    image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
+    images.append(preprocess.eval_images(image, data_config).numpy())
+  return np.stack(images)
+
+
+def _image_attention(config, workdir: str, output_dir: str) -> list[str]:
+  from vit_jax.data import images as image_data  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import classification  # pylint: disable=g-import-not-at-top
+  data = image_data.build(config.data)
+  files = _split_inputs(config.visualize.inputs)
+  if files:
+    inputs, labels = _load_image_files(files, data.config), None
+  else:
+    batch = next(data.eval_batches(config.visualize.num_examples))
+    count = int(batch['mask'].sum())
+    inputs, labels = batch['image'][:count], batch['label'][:count]
+  model = classification.build_model(config.model, data.num_classes)
+  init_params = jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, *data.image_shape))))['params']
+  params = _restore_params(config, workdir, init_params)
+  logits, weights = visualize.vit_attention(model, params, inputs)
+  layer = _layer_index(config.visualize.layer, weights.shape[0])
+  prefix = visualize.num_prefix_tokens(model)
+  head_maps = visualize.class_token_maps(weights, layer, prefix)  # Images are square.
+  rollouts = visualize.rollout_maps(weights, prefix)
+  names = list(data.class_names) or [str(i) for i in range(data.num_classes)]
+  class_ids, probs = visualize.top_k(logits, 1)
+  paths = []
+  for i, image in enumerate(inputs):
+    title = f'predicted {names[class_ids[i, 0]]} ({probs[i, 0]:.0%})'
+    if labels is not None:
+      title += f', label {names[labels[i]]}'
+    figure = visualize.plot_attention_maps(image, head_maps[i], rollouts[i], layer, title)
+    paths.append(visualize.save_figure(figure, os.path.join(output_dir, f'attention_{i}.png')))
+  figure = visualize.plot_predictions(inputs, logits, names, labels)
+  paths.append(visualize.save_figure(figure, os.path.join(output_dir, 'predictions.png')))
+  return paths
+
+
+def _cross_attention(config, workdir: str, output_dir: str) -> list[str]:
+  from vit_jax.data import text  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import translation  # pylint: disable=g-import-not-at-top
+  sentences = _split_inputs(config.visualize.inputs)
+  if not sentences:
+    pairs = text.build(config.data, workdir=workdir).eval_texts()
+    sentences = [source for source, _ in pairs[:config.visualize.num_examples]]
+  tokenizer = text.load_tokenizer(config.data, workdir)
+  model = translation.build_model(config, tokenizer.vocab_size)
+  tokens = jnp.ones((1, config.data.max_length), jnp.int32)
+  init_params = jax.eval_shape(
+      lambda: model.init(jax.random.PRNGKey(0), tokens, tokens))['params']
+  params = _restore_params(config, workdir, init_params)
+  translator = translation.Translator(model, params, tokenizer, config)
+  inputs, outputs = translator.translate_ids(sentences)
+  weights = visualize.cross_attention(model, params, inputs, outputs)  # (L, B, N, T, S)
+  layer = _layer_index(config.visualize.layer, weights.shape[0])
+  paths = []
+  for i, sentence in enumerate(sentences):
+    source = visualize.token_labels(tokenizer, inputs[i])
+    output = visualize.token_labels(tokenizer, outputs[i])
+    heat = weights[layer, i].mean(axis=0)[:len(output), :len(source)]  # Mean over heads.
+    title = (f'{sentence!r} -> {tokenizer.decode([int(t) for t in outputs[i]])!r}\n'
+             f'decoder layer {layer}, mean over heads')
+    figure = visualize.plot_cross_attention(heat, source, output, title)
+    paths.append(visualize.save_figure(figure,
+                                       os.path.join(output_dir, f'cross_attention_{i}.png')))
+  return paths
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+  """Writes the PNGs of the run in `workdir` to config.visualize.output_dir; their paths."""
+  settings = train_config.visualize_config()  # Defaults for configs saved before it existed.
+  settings.update(dict(config.get('visualize', {})))
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.visualize = settings
+  output_dir = settings.output_dir or os.path.join(workdir, 'visualize')
+  if config.task == 'classification':
+    paths = _image_attention(config, workdir, output_dir)
+  else:
+    paths = _cross_attention(config, workdir, output_dir)
+  if os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
+    figure = visualize.plot_training_curves(workdir, title=config.model.name)
+    paths.append(visualize.save_figure(figure, os.path.join(output_dir, 'training_curves.png')))
+  for path in paths:
+    metrics_lib.log(f'Wrote {path}')
+  return paths
