@@ -234,5 +234,5 @@ def test_visualize_image_files_and_missing_checkpoint(tmp_path):
   assert all(_is_png(p) and p.startswith(output_dir) for p in paths)
   with pytest.raises(ValueError, match='visualize.layer=5 is out of range .* 2 layers'):
     main.run(tiny_config(trainer='visualize', **{'visualize.layer': 5}), workdir)
-  with pytest.raises(FileNotFoundError, match='nope.png'):
+  with pytest.raises(FileNotFoundError, match="Image file 'nope.png' does not exist"):
     main.run(tiny_config(trainer='visualize', **{'visualize.inputs': 'nope.png'}), workdir)

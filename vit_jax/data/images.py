@@ -239,6 +239,23 @@ class ImageDataset:
     return self._eval_datasets[batch_size].as_numpy_iterator()
 
 
+def load_files(paths: list[str], config=None) -> np.ndarray:
+  """Image files (PNG/JPEG, any size) -> model inputs like test images: float32 (B, H, W, C).
+
+  `config` is a data config (or dict); only image_size, channels and eval_resize_ratio matter.
+  """
+  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
+  config = _checked_config(ml_collections.ConfigDict(config or {}))
+  images = []
+  for path in paths:
+    if not tf.io.gfile.exists(path):
+      raise FileNotFoundError(f'Image file {path!r} does not exist.')
+    image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
+    images.append(preprocess.eval_images(image, config).numpy())
+  return np.stack(images)
+
+
 def build(config, process_index: int | None = None,
           process_count: int | None = None) -> ImageDataset:
   """Builds the input pipeline described by `config` (see default_config) for one host.

@@ -45,26 +45,13 @@ def _layer_index(layer: int, num_layers: int) -> int:
   return layer % num_layers
 
 
-def _load_image_files(paths: list[str], data_config) -> np.ndarray:
-  """Image files -> model inputs (B, H, W, C) in [-1, 1], preprocessed like test images."""
-  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
-  from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
-  images = []
-  for path in paths:
-    if not tf.io.gfile.exists(path):
-      raise FileNotFoundError(f'config.visualize.inputs names {path!r}, which does not exist.')
-    image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
-    images.append(preprocess.eval_images(image, data_config).numpy())
-  return np.stack(images)
-
-
 def _image_attention(config, workdir: str, output_dir: str) -> list[str]:
   from vit_jax.data import images as image_data  # pylint: disable=g-import-not-at-top
   from vit_jax.train import classification  # pylint: disable=g-import-not-at-top
   data = image_data.build(config.data)
   files = _split_inputs(config.visualize.inputs)
   if files:
-    inputs, labels = _load_image_files(files, data.config), None
+    inputs, labels = image_data.load_files(files, data.config), None
   else:
     batch = next(data.eval_batches(config.visualize.num_examples))
     count = int(batch['mask'].sum())
