@@ -59,7 +59,7 @@ def _layer_index(path: str, block: str) -> int:
   return int(match.group(1)) if match else -1
 
 
-def stack_layers(weights: dict[str, np.ndarray], block: str,
+def stack_by_layer(weights: dict[str, np.ndarray], block: str,
                  sublayer: str = '') -> np.ndarray:
   """The weights of the `block`_{i} layers (or one scanned `block`) stacked: (L, B, N, T, S).
 
@@ -81,7 +81,7 @@ def vit_attention(model, params, images) -> tuple[np.ndarray, np.ndarray]:
   then the patches in row-major order.
   """
   logits, weights = collect_attention(model, params, images)
-  return np.asarray(logits, np.float32), stack_layers(weights, 'encoderblock')
+  return np.asarray(logits, np.float32), stack_by_layer(weights, 'encoderblock')
 
 
 def cross_attention(model, params, inputs, targets) -> np.ndarray:
@@ -90,7 +90,7 @@ def cross_attention(model, params, inputs, targets) -> np.ndarray:
   Row t is what the decoder looks at in the source while predicting `targets[:, t]`.
   """
   _, weights = collect_attention(model, params, inputs, targets)
-  return stack_layers(weights, 'decoderblock', 'CrossAttention')
+  return stack_by_layer(weights, 'decoderblock', 'CrossAttention')
 
 
 # ------------------------------------------------------------------------------ maps
@@ -370,7 +370,7 @@ def save_figure(figure, path: str, dpi: int = 120) -> str:
   """Writes `figure` as a PNG (creating the directory), closes it and returns `path`."""
   plt = _pyplot()
   os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  figure.savefig(path, dpi=dpi)
+  figure.savefig(path, dpi=dpi, bbox_inches='tight')
   plt.close(figure)
   return path
 

@@ -121,7 +121,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   else:
     paths = _cross_attention(config, workdir, output_dir)
   if os.path.exists(os.path.join(workdir, 'metrics.jsonl')):
-    figure = visualize.plot_training_curves(workdir, title=config.model.name)
+    title = f'{config.model.name} on {config.data.dataset}'
+    figure = visualize.plot_training_curves(workdir, title=title)
     paths.append(visualize.save_figure(figure, os.path.join(output_dir, 'training_curves.png')))
   for path in paths:
     metrics_lib.log(f'Wrote {path}')
