@@ -49,6 +49,13 @@ def test_dates_train_evaluate_and_translate(tmp_path, capsys):
   assert len(outputs) == 3  # One line out per line in, empty ones included.
   assert capsys.readouterr().out.splitlines() == outputs
 
+  # trainer=visualize: one cross-attention heat map per sentence, and the training curves.
+  paths = main.run(tiny_config(trainer='visualize', **{
+      'visualize.inputs': 'le 3 mars 1979|3. März 1979'}), workdir)
+  assert sorted(os.path.relpath(p, workdir) for p in paths) == [
+      'visualize/cross_attention_0.png', 'visualize/cross_attention_1.png',
+      'visualize/training_curves.png']
+
 
 def test_beam_search_evaluation(tmp_path):
   results = main.run(tiny_config(beam_size=3, total_steps=10), str(tmp_path / 'beam'))

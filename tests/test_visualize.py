@@ -232,6 +232,11 @@ def test_visualize_image_files_and_missing_checkpoint(tmp_path):
   assert sorted(os.path.basename(p) for p in paths) == [
       'attention_0.png', 'predictions.png', 'training_curves.png']
   assert all(_is_png(p) and p.startswith(output_dir) for p in paths)
+  # Without inputs: the first test digits, with their labels in the titles.
+  paths = main.run(tiny_config(trainer='visualize', **{'visualize.num_examples': 2}), workdir)
+  assert sorted(os.path.relpath(p, workdir) for p in paths) == [
+      'visualize/attention_0.png', 'visualize/attention_1.png', 'visualize/predictions.png',
+      'visualize/training_curves.png']
   with pytest.raises(ValueError, match='visualize.layer=5 is out of range .* 2 layers'):
     main.run(tiny_config(trainer='visualize', **{'visualize.layer': 5}), workdir)
   with pytest.raises(FileNotFoundError, match="Image file 'nope.png' does not exist"):
