@@ -1,7 +1,9 @@
 """Command line: `python -m vit_jax.main --config=configs/FILE.py[:ARGS] --workdir=DIR`.
 
 Flags -> config -> trainer. `--config.KEY=VALUE` overrides any config field;
-unknown fields are an error (the config is locked).
+unknown fields are an error (the config is locked). On many hosts every host runs
+the same command, with --coordinator_address, --num_processes and --process_id
+unless a launcher sets them (`vit_jax.train.distributed`).
 """
 
 import os
@@ -10,12 +12,29 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from vit_jax.train import distributed
+
 # Without --config, the config saved in --workdir by an earlier run.
 _SAVED_CONFIG = os.path.join(os.path.dirname(__file__), 'train', 'saved_config.py')
 _CONFIG = config_flags.DEFINE_config_file(
     'config', _SAVED_CONFIG, 'Config file (configs/*.py[:ARGS]); default: WORKDIR/config.json.',
     lock_config=True)
 _WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
+_DISTRIBUTED = flags.DEFINE_enum(
+    'distributed', 'auto', distributed.MODES,
+    "JAX's distributed runtime: 'auto' starts it when --coordinator_address, --num_processes, "
+    "--process_id, their JAX_* environment variables or a Slurm / Open MPI launch of several "
+    "processes ask for it; 'on' always (JAX also detects Cloud TPU and Kubernetes); 'off' never.")
+_COORDINATOR_ADDRESS = flags.DEFINE_string(
+    'coordinator_address', None,
+    'HOST:PORT of process 0, which hosts the coordinator; default: $JAX_COORDINATOR_ADDRESS.')
+_NUM_PROCESSES = flags.DEFINE_integer(
+    'num_processes', None, 'Number of processes (one per host); default: $JAX_NUM_PROCESSES.')
+_PROCESS_ID = flags.DEFINE_integer(
+    'process_id', None, "This process's id in 0..num_processes-1; default: $JAX_PROCESS_ID.")
+_DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
+    'distributed_timeout', 300,
+    'Seconds to wait for all processes to connect to the coordinator before exiting with an error.')
 
 
 def run(config, workdir: str):
@@ -55,6 +74,8 @@ def main(argv):
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # Orbax and TF are chatty at INFO.
   try:
+    distributed.initialize(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
+                           _PROCESS_ID.value, _DISTRIBUTED_TIMEOUT.value)
     run(_CONFIG.value, _WORKDIR.value)
   except (ValueError, FileNotFoundError, RuntimeError) as error:
     print(f'error: {error}', file=sys.stderr)

@@ -8,13 +8,14 @@ import sys
 from typing import Iterable
 
 import jax
+from jax.experimental import multihost_utils
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
 from vit_jax import decode, models
 from vit_jax.data import text
-from vit_jax.train import checkpointing, metrics as metrics_lib
+from vit_jax.train import checkpointing, distributed, metrics as metrics_lib
 from vit_jax.train.classification import cross_entropy
 
 PACKING_KEYS = ('inputs_segmentation', 'targets_segmentation', 'inputs_position',
@@ -139,17 +140,26 @@ class TranslationTask:
             'token_accuracy': float(sums['correct_tokens']) / tokens}
 
   def extra_eval(self, params) -> dict:
-    """Decodes the test sources; BLEU and exact match against the references."""
+    """BLEU and exact match of the decoded test sources, and how many were decoded.
+
+    Scores the first `num_eval_decode` test sentences of the whole split (0: all). Each
+    process decodes the ones in its share on one of its devices; hypotheses and references
+    are gathered, so every process reports the figures of the whole set.
+    """
     pairs = self.data.eval_texts()
     if self.config.num_eval_decode:
-      pairs = pairs[:self.config.num_eval_decode]
+      pairs = pairs[:distributed.first_n_share(len(pairs), self.config.num_eval_decode)]
     sources = [source for source, _ in pairs]
     references = [target for _, target in pairs]
+    params = jax.device_put(multihost_utils.process_allgather(params, tiled=True),
+                            jax.local_devices()[0])
     translator = Translator(self.model, params, self.tokenizer, self.config)
     hypotheses = translator.translate(sources)
     for source, hypothesis, reference in list(zip(sources, hypotheses, references))[:3]:
       metrics_lib.log(f'  {source!r} -> {hypothesis!r} (reference {reference!r})')
-    return text_metrics(hypotheses, references)
+    hypotheses = distributed.allgather_texts(hypotheses)
+    return {**text_metrics(hypotheses, distributed.allgather_texts(references)),
+            'num_decoded': float(len(hypotheses))}
 
   def train_batches(self, start_step):
     return self.data.train_batches(self.local_batch_size, seed=self.config.seed,
