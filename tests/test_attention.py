@@ -1,4 +1,4 @@
-"""Attention: the numpy example of the notes, fused vs plain, masks, order blindness."""
+"""Attention: the numpy example of the notes, kernels vs plain, 'auto', masks, order blindness."""
 
 import jax
 import jax.numpy as jnp
@@ -17,7 +17,7 @@ def _attention_params(wq, wk, wv, wo):
                      'out': {'kernel': jnp.asarray(wo, jnp.float32)[None]}}}
 
 
-@pytest.mark.parametrize('implementation', ['fused', 'plain'])
+@pytest.mark.parametrize('implementation', ['auto', 'fused', 'plain'])
 def test_numpy_example_from_the_notes(implementation):
   np.random.seed(2022)
   wq, wk, wv = (np.random.randint(3, size=(3, 3)) for _ in range(3))
@@ -53,13 +53,14 @@ def _masks(t, s):
 @pytest.mark.parametrize('lengths,mask_name', [
     ((6, 6), 'none'), ((6, 6), 'padding'), ((6, 6), 'causal'), ((6, 6), 'padding+causal'),
     ((4, 7), 'none'), ((4, 7), 'padding')])
-def test_fused_and_plain_paths_agree(lengths, mask_name):
+def test_fused_head_major_and_plain_paths_agree(lengths, mask_name):
   t, s = lengths
   mask = _masks(t, s)[mask_name]
   q, k, v = _random_qkv(t, s)
   plain, weights = attention.plain_attention(q, k, v, mask)
-  fused = attention.fused_attention(q, k, v, mask)
-  np.testing.assert_allclose(fused, plain, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(attention.fused_attention(q, k, v, mask), plain, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(attention.head_major_attention(q, k, v, mask), plain, atol=1e-5,
+                             rtol=0)
   np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-6)
   if mask is not None:  # Masked keys get no weight where a row has any valid key.
     valid_rows = jnp.broadcast_to(mask, weights.shape).any(-1, keepdims=True)
@@ -79,6 +80,57 @@ def test_module_paths_share_parameters_and_agree():
   assert out_fused.shape == (2, 5, 16) and weights.shape == (2, 4, 5, 7)
   np.testing.assert_allclose(out_fused, out_plain, atol=1e-5)
   np.testing.assert_allclose(weights[1, :, :, 4:], 0.0, atol=1e-30)
+
+
+@pytest.mark.parametrize('mask_name', ['none', 'padding', 'causal', 'padding+causal'])
+def test_auto_equals_plain_in_values_and_gradients(mask_name):
+  x = jax.random.normal(jax.random.key(1), (2, 6, 24))
+  mask = _masks(6, 6)[mask_name]
+  auto = models.MultiHeadDotProductAttention(num_heads=3)
+  plain = auto.clone(implementation='plain')
+  variables = auto.init(jax.random.key(0), x)
+  probe = jax.random.normal(jax.random.key(2), x.shape)  # An output cotangent.
+
+  def value_and_grads(layer):
+    loss = lambda v, x: jnp.sum(layer.apply(v, x, mask=mask) * probe)  # noqa: E731
+    return jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(variables, x)
+
+  (auto_loss, auto_grads), (plain_loss, plain_grads) = map(value_and_grads, (auto, plain))
+  np.testing.assert_allclose(auto_loss, plain_loss, rtol=1e-5)
+  np.testing.assert_allclose(auto.apply(variables, x, mask=mask),
+                             plain.apply(variables, x, mask=mask), atol=1e-5, rtol=0)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0),
+               auto_grads, plain_grads)
+
+
+def test_auto_resolves_per_backend_and_dtype():
+  resolve = attention.resolve_attention_impl
+  assert resolve('auto', backend='cpu') == 'head_major'
+  assert resolve('auto', backend='cpu', dtype=jnp.bfloat16) == 'head_major'
+  assert resolve('auto', backend='gpu', dtype=jnp.bfloat16) == 'cudnn'
+  assert resolve('auto', backend='gpu', dtype=jnp.float16) == 'cudnn'
+  assert resolve('auto', backend='gpu', dtype=jnp.float32) == 'fused'
+  assert resolve('auto', backend='tpu', dtype=jnp.bfloat16) == 'fused'
+  assert resolve('auto') == resolve('auto', backend=jax.default_backend())
+  for explicit in ('fused', 'plain', 'chunked'):
+    assert resolve(explicit, backend='gpu', dtype=jnp.bfloat16) == explicit
+
+
+def test_unknown_implementation_lists_the_valid_ones():
+  layer = models.MultiHeadDotProductAttention(num_heads=2, implementation='flash')
+  with pytest.raises(ValueError, match=r"'flash'.*'auto', 'fused', 'plain', 'chunked'"):
+    layer.init(jax.random.key(0), jnp.zeros((1, 3, 8)))
+
+
+@pytest.mark.parametrize('lengths,mask_name', [((6, 6), 'none'), ((5, 7), 'padding')])
+def test_cudnn_request_runs_anywhere(lengths, mask_name):
+  # cuDNN where it can run the inputs; XLA without cuDNN (CPUs) and for masked odd lengths.
+  t, s = lengths
+  q, k, v = (x.astype(jnp.bfloat16) for x in _random_qkv(t, s))
+  mask = _masks(t, s)[mask_name]
+  out = attention.fused_attention(q, k, v, mask, cudnn=True)
+  reference = attention.plain_attention(q, k, v, mask)[0]
+  np.testing.assert_allclose(out.astype(jnp.float32), reference.astype(jnp.float32), atol=2e-2)
 
 
 def test_parameter_shapes_follow_published_layout():

@@ -121,7 +121,7 @@ def test_module_option_keeps_params_and_output():
 
 def test_tiny_vit_with_chunked_attention_matches_fused():
   images = np.random.default_rng(4).standard_normal((2, 16, 16, 3))  # 17 tokens.
-  fused = models.get_model('ViT-testing', num_classes=3)
+  fused = models.get_model('ViT-testing', num_classes=3, attention_impl='fused')
   variables = jax.jit(lambda rng: jax.tree.map(  # A nonzero head: logits not all zero.
       lambda p: p + 0.1 * jax.random.normal(rng, p.shape), fused.init(rng, images)))(
           jax.random.key(5))

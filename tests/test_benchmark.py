@@ -7,6 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 from vit_jax import benchmark, models
+from vit_jax.models import attention
 from vit_jax.utils import count_flops
 
 # One layer keeps the compiles short.
@@ -40,6 +41,8 @@ def test_infer(tmp_path, capsys):
   assert ours['memory']['xla_memory_analysis']['argument_size_in_bytes'] > 0
   assert report['device']['platform'] == jax.devices()[0].platform
   assert 'images/s' in printed and 'ours (jax)' in printed and 'bfloat16' in printed
+  kernel = attention.resolve_attention_impl('auto', dtype=jnp.bfloat16)
+  assert f'attention auto ({kernel})' in printed
 
 
 def test_train_counts_the_whole_step(tmp_path, capsys):

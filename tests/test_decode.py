@@ -28,6 +28,16 @@ def test_cached_greedy_equals_rerunning_the_full_decoder(setup):
   assert len({tuple(row) for row in np.asarray(cached)}) > 1  # Not a trivial output.
 
 
+def test_a_single_step_decodes_the_first_token(setup):
+  # The first step runs before the loop (it completes the cache): alone it is the whole decode.
+  model, params, inputs = setup
+  greedy = decode.greedy_decode(model, params, inputs, max_length=10)
+  np.testing.assert_array_equal(decode.greedy_decode(model, params, inputs, max_length=1),
+                                greedy[:, :1])
+  tokens, _ = decode.beam_search(model, params, inputs, max_length=1, beam_size=1, alpha=0.0)
+  np.testing.assert_array_equal(tokens[:, 0], greedy[:, :1])
+
+
 def test_beam_of_one_equals_greedy(setup):
   model, params, inputs = setup
   greedy = decode.greedy_decode(model, params, inputs, max_length=10)

@@ -7,6 +7,7 @@ import pytest
 from helpers import cached_teacher_forced_logits
 
 from vit_jax import models
+from vit_jax.utils import count_flops
 
 VOCAB = 23
 
@@ -49,13 +50,44 @@ def test_source_padding_is_ignored(setup):
   np.testing.assert_allclose(model.apply(variables, longer, targets), logits, atol=1e-5)
 
 
-@pytest.mark.parametrize('attention_impl', ['fused', 'plain'])
+@pytest.mark.parametrize('attention_impl', ['auto', 'fused', 'plain'])
 def test_cached_decoding_reproduces_full_forward(setup, attention_impl):
   model, variables, inputs, targets = setup
   model = model.clone(attention_impl=attention_impl)
   full = model.apply(variables, inputs, targets)
   steps = cached_teacher_forced_logits(model, variables['params'], inputs, targets)
   np.testing.assert_allclose(steps, full, atol=1e-5, rtol=0)
+
+
+def test_cached_decoding_projects_the_encoder_output_once(setup):
+  model, variables, inputs, targets = setup
+  params = variables['params']
+  decoder = model.clone(cached_decoding=True)
+  cache = decoder.init(jax.random.key(0), inputs, targets)['cache']
+  encoded = model.apply(variables, inputs, method='encode')
+
+  def step(cache, encoded, token):
+    logits, updated = decoder.apply({'params': params, 'cache': cache}, encoded, inputs,
+                                    token, method='decode', mutable=['cache'])
+    return logits, updated['cache']
+
+  start, token = jnp.zeros((2, 1), jnp.int32), targets[:, :1]
+  assert 'CrossAttention' not in cache['decoder']['decoderblock_0']  # init stores none.
+  _, filled = step(cache, encoded, start)  # The first step stores the projections.
+  for i in range(model.num_layers):
+    stored = filled['decoder'][f'decoderblock_{i}']['CrossAttention']
+    weights = params['decoder'][f'decoderblock_{i}']['CrossAttention']
+    for name in ('key', 'value'):
+      projected = (jnp.einsum('bsd,dnh->bsnh', encoded, weights[name]['kernel'])
+                   + weights[name]['bias'])
+      np.testing.assert_allclose(stored[f'cross_{name}'], projected, atol=1e-5)
+  # Later steps read them: the encoder output does not enter them any more ...
+  logits, _ = step(filled, encoded, token)
+  np.testing.assert_array_equal(step(filled, jnp.zeros_like(encoded), token)[0], logits)
+  # ... and skip the key and value projections (B*S*D*D multiply-adds each) per layer.
+  batch, length, width = encoded.shape
+  first, later = count_flops(step, cache, encoded, start), count_flops(step, filled, encoded, token)
+  assert first - later == model.num_layers * 2 * batch * length * width * width
 
 
 def test_cached_decoding_rejects_more_than_one_token(setup):

@@ -2,7 +2,7 @@
 
   python -m vit_jax.benchmark --model ViT-B_16 --mode infer --batch 8 --resolution 224 \\
       --dtype float32 [--steps 20] [--warmup 3] [--compare timm] [--json out.json] \\
-      [--peak-tflops X] [--attention fused|plain|chunked] [--scan-layers] [--remat] \\
+      [--peak-tflops X] [--attention auto|fused|plain|chunked] [--scan-layers] [--remat] \\
       [--tune-malloc] [--timm-path DIR]
   python -m vit_jax.benchmark --model ViT-S_16 --mode train --batch 16 --compare timm
   python -m vit_jax.benchmark --model Transformer-base --mode seq2seq [--seq-len 64] \\
@@ -59,7 +59,7 @@ import numpy as np
 import optax
 
 from vit_jax import models
-from vit_jax.models.attention import ATTENTION_IMPLEMENTATIONS
+from vit_jax.models.attention import ATTENTION_IMPLEMENTATIONS, resolve_attention_impl
 from vit_jax.train import loop, optim
 from vit_jax.utils import count_flops
 
@@ -553,9 +553,10 @@ def _greedy_decoders(model, batch: int, src_len: int, length: int):
       token = pick(logits[:, -1])
       return (updated['cache'], token[:, None]), token
 
-    start = jnp.zeros((batch, 1), jnp.int32)
-    _, tokens = jax.lax.scan(step, (cache, start), None, length=length)
-    return tokens.T
+    # The first step adds the cross-attention keys/values to the cache; the scan follows.
+    carry, first = step((cache, jnp.zeros((batch, 1), jnp.int32)), None)
+    _, rest = jax.lax.scan(step, carry, None, length=length - 1)
+    return jnp.concatenate([first[None], rest]).T
 
   def uncached(params, inputs):
     encoded = model.apply({'params': params}, inputs, method='encode')
@@ -806,6 +807,12 @@ def format_compile_depth(report: dict) -> str:
 # Command line.
 
 
+def _attention_name(args) -> str:
+  """The --attention choice, with the kernel it resolves to when that differs."""
+  kernel = resolve_attention_impl(args.attention, dtype=DTYPES[args.dtype])
+  return args.attention if kernel == args.attention else f'{args.attention} ({kernel})'
+
+
 def _int_list(text: str) -> list[int]:
   return [int(x) for x in text.split(',') if x]
 
@@ -835,7 +842,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       "XLA's per-step temporary buffer anew; applies to the whole process")
   parser.add_argument('--peak-tflops', type=float,
                       help='dense peak TFLOP/s of one device for MFU (default: known devices)')
-  parser.add_argument('--attention', default='fused', choices=ATTENTION_IMPLEMENTATIONS)
+  parser.add_argument('--attention', default='auto', choices=ATTENTION_IMPLEMENTATIONS,
+                      help="attention kernel; 'auto' picks the backend's fastest")
   parser.add_argument('--num-layers', type=int, help='override the model\'s depth')
   parser.add_argument('--scan-layers', action='store_true')
   parser.add_argument('--remat', action='store_true')
@@ -885,7 +893,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
     report = benchmark_vit(args)
     text = format_vit(report)
     title = (f'{args.model} {args.mode} | batch {args.batch} | {args.resolution}px | '
-             f'{args.dtype} | attention {args.attention}'
+             f'{args.dtype} | attention {_attention_name(args)}'
              + (' | scan' if args.scan_layers else '') + (' | remat' if args.remat else '')
              + (' | tuned malloc' if args.tune_malloc else ''))
   info = device_info()

@@ -2,8 +2,10 @@
 
 Both run with the key/value cache (`Transformer(cached_decoding=True)`) inside
 `jax.lax.while_loop`, so they jit-compile to one program and stop early once
-every sequence has produced EOS. `greedy_decode(..., use_cache=False)` re-runs
-the full decoder each step instead (the slow reference).
+every sequence has produced EOS. The first step runs before the loop: it adds the
+cross-attention keys/values to the cache, which the later steps only read.
+`greedy_decode(..., use_cache=False)` re-runs the full decoder each step instead
+(the slow reference).
 
 Token conventions: 0 is padding and the start token, `eos_id` (1) ends a sequence.
 """
@@ -13,6 +15,8 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+
+from vit_jax.models.attention import CROSS_ATTENTION_CACHE
 
 Array = jax.Array
 NEG_INF = -1.0e9  # Log-probability of impossible hypotheses (finite: no NaN in arithmetic).
@@ -80,9 +84,11 @@ def greedy_decode(model: nn.Module, params, inputs: Array, *, max_length: int,
     i, _, _, done = carry
     return (i < max_length) & ~jnp.all(done)
 
-  tokens = jnp.zeros((batch, max_length), jnp.int32)
-  _, tokens, _, _ = jax.lax.while_loop(
-      cond, body, (jnp.array(0), tokens, state0, jnp.zeros((batch,), bool)))
+  carry = (jnp.array(0), jnp.zeros((batch, max_length), jnp.int32), state0,
+           jnp.zeros((batch,), bool))
+  if use_cache and max_length:  # The first step adds the cross-attention keys/values.
+    carry = body(carry)
+  _, tokens, _, _ = jax.lax.while_loop(cond, body, carry)
   return tokens
 
 
@@ -97,13 +103,17 @@ def _gather_beams(x: Array, indices: Array) -> Array:
 
 
 def _gather_cache(cache, indices: Array, beam_size: int):
-  """Like `_gather_beams` on a cache whose leaves are (B*K, ...) (scalars are shared)."""
-  def gather(x):
-    if x.ndim == 0:
+  """Like `_gather_beams` on a cache whose leaves are (B*K, ...).
+
+  Scalars are shared, and the cross-attention keys/values are the same for every
+  beam of an example: both stay as they are.
+  """
+  def gather(path, x):
+    if x.ndim == 0 or getattr(path[-1], 'key', None) in CROSS_ATTENTION_CACHE:
       return x
     beams = x.reshape((-1, beam_size) + x.shape[1:])  # (B, K, ...)
     return _gather_beams(beams, indices).reshape(x.shape)
-  return jax.tree.map(gather, cache)
+  return jax.tree_util.tree_map_with_path(gather, cache)
 
 
 def beam_search(model: nn.Module, params, inputs: Array, *, max_length: int,
@@ -164,6 +174,8 @@ def beam_search(model: nn.Module, params, inputs: Array, *, max_length: int,
     return (i < max_length) & ~jnp.all(best_live < worst_finished)
 
   carry = (jnp.array(0), live_tokens, live_log_probs, finished_tokens, finished_scores, cache)
+  if max_length:  # The first step adds the cross-attention keys/values to the cache.
+    carry = body(carry)
   _, live_tokens, live_log_probs, finished_tokens, finished_scores, _ = jax.lax.while_loop(
       cond, body, carry)
   # Examples with no finished hypothesis fall back to their live ones.

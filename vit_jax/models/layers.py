@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax.models import partitioning
 from vit_jax.models.attention import MultiHeadDotProductAttention
 from vit_jax.models.position import AddPositionEmbs, AddSinusoidalPositions
 
@@ -48,14 +49,15 @@ class MlpBlock(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Array, *, deterministic: bool = True) -> Array:
-    dense = lambda features: nn.Dense(  # noqa: E731
-        features, dtype=self.dtype, param_dtype=self.param_dtype,
-        kernel_init=nn.initializers.xavier_uniform(),
-        bias_init=nn.initializers.normal(stddev=1e-6))
-    x = dense(self.mlp_dim)(inputs)
+    def dense(features, axes):  # Logical axes (in, out) say how tensor parallelism splits it.
+      return nn.Dense(
+          features, dtype=self.dtype, param_dtype=self.param_dtype,
+          kernel_init=partitioning.logical(nn.initializers.xavier_uniform(), axes),
+          bias_init=partitioning.logical(nn.initializers.normal(stddev=1e-6), axes[1:]))
+    x = dense(self.mlp_dim, ('embed', 'mlp'))(inputs)
     x = activation_fn(self.activation)(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
-    x = dense(inputs.shape[-1])(x)
+    x = dense(inputs.shape[-1], ('mlp', 'embed'))(x)
     return nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
 
 
@@ -72,7 +74,7 @@ class EncoderBlock(nn.Module):
   stochastic_depth: bool = False  # Apply drop-path with the per-call rate.
   norm_position: str = 'pre'  # 'pre' (ViT) or 'post' (original Transformer).
   activation: str = 'gelu'
-  attention_impl: str = 'fused'  # 'fused', 'plain' or 'chunked' (see attention.py).
+  attention_impl: str = 'auto'  # 'auto', 'fused', 'plain' or 'chunked' (see attention.py).
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -128,7 +130,7 @@ class Encoder(nn.Module):
   position_embedding: str = 'learned'  # 'learned', 'sinusoidal' or 'none'.
   norm_position: str = 'pre'
   activation: str = 'gelu'
-  attention_impl: str = 'fused'
+  attention_impl: str = 'auto'
   scan_layers: bool = False  # nn.scan over blocks: params get a leading layer axis.
   remat: bool = False  # Recompute each block's activations in the backward pass.
   max_length: int = 2048  # Longest sequence for sinusoidal positions.
@@ -171,7 +173,8 @@ class Encoder(nn.Module):
         return block(carry, rate, mask, not train), None
       scanned = nn.scan(body, variable_axes={'params': 0, 'intermediates': 0},
                         split_rngs={'params': True, 'dropout': True},
-                        length=self.num_layers)
+                        length=self.num_layers,
+                        metadata_params={nn.PARTITION_NAME: 'layers'})
       x, _ = scanned(block_cls(**block_kwargs, name='encoderblock'), x, droppath_rates)
     else:
       for i in range(self.num_layers):

@@ -42,7 +42,7 @@ class DecoderBlock(nn.Module):
   attention_dropout_rate: float = 0.0
   norm_position: str = 'post'
   activation: str = 'relu'
-  attention_impl: str = 'fused'
+  attention_impl: str = 'auto'
   decode: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -65,7 +65,7 @@ class DecoderBlock(nn.Module):
         param_dtype=self.param_dtype, name=name, **kw)
     x = sublayer(targets, 0, lambda y: attention('SelfAttention', decode=self.decode)(
         y, mask=self_mask, causal=True, deterministic=deterministic))
-    x = sublayer(x, 1, lambda y: attention('CrossAttention')(
+    x = sublayer(x, 1, lambda y: attention('CrossAttention', decode=self.decode)(
         y, encoded, mask=cross_mask, deterministic=deterministic))
     # MlpBlock applies dropout to its own output; `sublayer` adds none on top.
     mlp = MlpBlock(self.mlp_dim, dropout_rate=0.0, activation=self.activation,
@@ -84,7 +84,7 @@ class Decoder(nn.Module):
   attention_dropout_rate: float = 0.0
   norm_position: str = 'post'
   activation: str = 'relu'
-  attention_impl: str = 'fused'
+  attention_impl: str = 'auto'
   logits_via_embedding: bool = True
   max_length: int = 2048
   decode: bool = False
@@ -127,7 +127,9 @@ class Transformer(nn.Module):
   For autoregressive decoding use `model.clone(cached_decoding=True)`: initialise its
   'cache' collection with `init(rng, inputs, targets)` where `targets` has the
   maximum output length, then call `decode` one target token (B, 1) at a time
-  with `mutable=['cache']`; feed token 0 first.
+  with `mutable=['cache']`; feed token 0 first. The first call also stores the
+  cross-attention keys/values of `encoded` in the cache, which later calls reuse:
+  a loop that carries the cache (`jax.lax.while_loop`, `scan`) starts after it.
   """
   vocab_size: int
   output_vocab_size: int | None = None  # Target vocabulary; default: vocab_size.
@@ -141,7 +143,7 @@ class Transformer(nn.Module):
   attention_dropout_rate: float = 0.0
   norm_position: str = 'post'  # 'post' (paper) or 'pre' (more stable when deep).
   activation: str = 'relu'
-  attention_impl: str = 'fused'
+  attention_impl: str = 'auto'  # 'auto', 'fused', 'plain' or 'chunked' (see attention.py).
   max_length: int = 2048  # Longest sequence the sinusoidal positions cover.
   cached_decoding: bool = False  # One target token per `decode` call, with a k/v cache.
   dtype: Dtype = jnp.float32
