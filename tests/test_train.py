@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import textwrap
 
 import jax
 import numpy as np
@@ -130,54 +129,6 @@ def test_teacher_needs_a_distillation_head(tmp_path):
 def test_mixed_precision_trains(tmp_path):
   results = main.run(tiny_config(mixed_precision=True, total_steps=10), str(tmp_path / 'run'))
   assert np.isfinite(results['loss'])
-
-
-MULTI_DEVICE_SCRIPT = textwrap.dedent('''
-    import json, os, sys
-    os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
-    sys.path.insert(0, os.path.join(sys.argv[1], 'tests'))
-    from test_train import tiny_config, read_metrics, CURVE
-    from vit_jax import main
-    results = {}
-    for sharding in ('replicated', 'fsdp'):
-      workdir = os.path.join(sys.argv[2], sharding)
-      main.run(tiny_config(param_sharding=sharding, **CURVE), workdir)
-      results[sharding] = [row['loss'] for row in read_metrics(workdir, 'train')]
-    # How many parameter arrays FSDP really splits over the 8 devices.
-    import jax
-    from vit_jax.train import mesh as mesh_lib
-    from vit_jax.train import classification as task
-    config = tiny_config(**CURVE)
-    model = task.build_model(config.model, 10)
-    shapes = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0),
-                                               jax.numpy.zeros((1, 8, 8, 3))))['params']
-    shardings = mesh_lib.tree_shardings(shapes, mesh_lib.make_mesh(), 'fsdp')
-    results['sharded'] = sum(any(s.spec) for s in jax.tree.leaves(shardings))
-    try:
-      main.run(tiny_config(batch_size=36), os.path.join(sys.argv[2], 'odd'))
-    except ValueError as error:
-      results['error'] = str(error)
-    print(json.dumps(results))
-''')
-# Wide enough that FSDP shards the dense kernels (small arrays stay replicated).
-CURVE = {'total_steps': 5, 'log_every': 1, 'eval_every': 0, 'checkpoint_every': 0,
-         'model.hidden_size': 64, 'model.mlp_dim': 128}
-
-
-def test_eight_devices_data_parallel_and_fsdp_match_one_device(tmp_path):
-  main.run(tiny_config(**CURVE), str(tmp_path / 'one'))  # This process has one CPU device.
-  one = [row['loss'] for row in read_metrics(str(tmp_path / 'one'), 'train')]
-  script = tmp_path / 'multi_device.py'
-  script.write_text(MULTI_DEVICE_SCRIPT)
-  out = subprocess.run([sys.executable, str(script), REPO, str(tmp_path)], capture_output=True,
-                       text=True, check=True, env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
-  results = json.loads(out.stdout.strip().splitlines()[-1])
-  assert len(one) == 5
-  np.testing.assert_allclose(results['replicated'], one, rtol=1e-4)
-  np.testing.assert_allclose(results['fsdp'], one, rtol=1e-4)
-  assert results['sharded'] >= 4  # The MLP kernels of both blocks, at least.
-  assert results['error'].startswith(
-      'batch_size=36 is not divisible by the number of devices (8)')
 
 
 def test_locked_config_rejects_a_typo(tmp_path):

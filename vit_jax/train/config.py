@@ -41,7 +41,10 @@ def classification_config(model: str = 'ViT-B_16') -> ml_collections.ConfigDict:
   config.optimizer = optim.default_config()  # Optimizer and learning-rate schedule.
   config.label_smoothing = 0.0  # Label smoothing of the cross-entropy targets.
   config.mixed_precision = False  # bfloat16 compute with float32 parameters.
-  config.param_sharding = 'replicated'  # 'replicated' or 'fsdp' (params on the data axis).
+  # Devices on the mesh axes (data, fsdp, model); one -1 takes the remaining devices.
+  # The batch is split over data x fsdp; params FSDP-split over fsdp, tensor-parallel over model.
+  config.mesh_shape = (-1, 1, 1)
+  config.fsdp_min_size = 4096  # Params with fewer elements are never FSDP-split.
   config.pretrained = ''  # Weights to start from: a published .npz or a vit_jax workdir.
   config.reinit_head = False  # Re-initialise the head even when the class count matches.
   config.teacher = ''  # DeiT: a teacher's vit_jax workdir or .npz (hard distillation).
@@ -75,7 +78,10 @@ def translation_config(model: str = 'Transformer-base') -> ml_collections.Config
   config.optimizer.learning_rate = 512**-0.5 * 4000**-0.5  # d_model^-0.5 * warmup^-0.5 peak.
   config.label_smoothing = 0.1  # Label smoothing of the token cross-entropy.
   config.mixed_precision = False  # bfloat16 compute with float32 parameters.
-  config.param_sharding = 'replicated'  # 'replicated' or 'fsdp' (params on the data axis).
+  # Devices on the mesh axes (data, fsdp, model); one -1 takes the remaining devices.
+  # The batch is split over data x fsdp; params FSDP-split over fsdp, tensor-parallel over model.
+  config.mesh_shape = (-1, 1, 1)
+  config.fsdp_min_size = 4096  # Params with fewer elements are never FSDP-split.
   config.beam_size = 4  # Beam width for evaluation and translation (1: greedy).
   config.length_penalty_alpha = 0.6  # GNMT length penalty ((5 + len) / 6)^alpha.
   config.max_decode_length = 0  # Longest output in tokens (0: data.max_length).

@@ -10,12 +10,14 @@ import threading
 import time
 from typing import Any, Callable, Iterable, Iterator, Protocol
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
 
+from vit_jax.models import partitioning
 from vit_jax.train import checkpointing, mesh as mesh_lib, metrics as metrics_lib, optim
 
 State = dict[str, Any]  # {'step', 'params', 'opt_state', 'rng'}
@@ -64,12 +66,19 @@ def _init_state(task: Task, tx: optax.GradientTransformation, rng: jax.Array) ->
           'opt_state': tx.init(params), 'rng': train_rng}
 
 
-def state_shardings(abstract_state: State, mesh, param_sharding: str) -> State:
+def abstract_state(task: Task, tx: optax.GradientTransformation, mesh,
+                   config: ml_collections.ConfigDict) -> tuple[State, State]:
+  """Shapes of the train state, and its shardings on `mesh`."""
+  with partitioning.boxed():  # Params and optimizer state carry their logical axis names.
+    boxed = jax.eval_shape(lambda r: _init_state(task, tx, r), jax.random.PRNGKey(config.seed))
   replicated = mesh_lib.replicated(mesh)
-  return {'step': replicated, 'rng': replicated,
-          'params': mesh_lib.tree_shardings(abstract_state['params'], mesh, param_sharding),
-          'opt_state': mesh_lib.tree_shardings(abstract_state['opt_state'], mesh,
-                                               param_sharding)}
+  shardings = {'step': replicated, 'rng': replicated,
+               'params': mesh_lib.tree_shardings(boxed['params'], mesh, config.fsdp_min_size),
+               'opt_state': mesh_lib.tree_shardings(boxed['opt_state'], mesh,
+                                                    config.fsdp_min_size)}
+  shapes = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        nn.meta.unbox(boxed), shardings)
+  return shapes, shardings
 
 
 def _split_microbatches(batch: dict, accum_steps: int) -> dict:
@@ -163,24 +172,22 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
 
   Returns the last evaluation's figures.
   """
-  mesh = mesh_lib.make_mesh()
+  mesh = mesh_lib.make_mesh(config.mesh_shape)
   mesh_lib.check_batch_size(config.batch_size, mesh)
   mesh_lib.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
-  if config.batch_size % (config.accum_steps * mesh.size):
+  shards = mesh_lib.num_batch_shards(mesh)
+  if config.batch_size % (config.accum_steps * shards):
     raise ValueError(f'batch_size={config.batch_size} must split into accum_steps='
-                     f'{config.accum_steps} microbatches divisible by the {mesh.size} '
-                     'device(s).')
+                     f'{config.accum_steps} microbatches divisible by the {shards} '
+                     'batch shards of the mesh.')
   tx, schedule = optim.make_optimizer(config.optimizer, config.total_steps)
   rng = jax.random.PRNGKey(config.seed)
-  abstract = jax.eval_shape(lambda r: _init_state(task, tx, r), rng)
-  shardings = state_shardings(abstract, mesh, config.param_sharding)
+  target, shardings = abstract_state(task, tx, mesh, config)
   checkpointing.save_config(workdir, config)
   checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
 
   start_step = checkpointer.latest_step()
   if start_step is not None:
-    target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                          abstract, shardings)
     state = checkpointer.restore(target)
     metrics_lib.log(f'Resumed from the checkpoint at step {start_step} in '
                     f'{checkpointer.directory}.')
@@ -194,21 +201,24 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
              'rng': train_rng}
     state = jax.device_put(state, shardings)
 
+  frozen = task.frozen_params()  # A teacher's params: FSDP-split like the model's.
+  frozen_shardings = mesh_lib.tree_shardings(frozen, mesh, config.fsdp_min_size)
+  frozen = jax.device_put(frozen, frozen_shardings)
   train_step = jax.jit(make_train_step(task, tx, schedule, config.accum_steps),
                        in_shardings=(shardings, mesh_lib.batch_sharding(mesh),
-                                     mesh_lib.replicated(mesh)),
+                                     frozen_shardings),
                        out_shardings=(shardings, mesh_lib.replicated(mesh)),
                        donate_argnums=0)
   writer = metrics_lib.MetricWriter(workdir)
   progress = metrics_lib.Progress(start_step, config.total_steps, config.batch_size)
   eval_sums = jax.jit(task.eval_sums)  # Compiled once, reused by every evaluation.
-  frozen = jax.device_put(task.frozen_params(), mesh_lib.replicated(mesh))
   batches = _prefetch(task.train_batches(start_step), mesh)
   pending: list[tuple[int, dict]] = []
   last_eval = {}
+  mesh_desc = ', '.join(f'{axis} {size}' for axis, size in mesh.shape.items())
   metrics_lib.log(f'Training {config.total_steps} steps of batch {config.batch_size} on '
-                  f'{mesh.size} device(s) ({jax.devices()[0].platform}), from step '
-                  f'{start_step}; workdir {workdir}.')
+                  f'{mesh.size} device(s) ({jax.devices()[0].platform}; mesh {mesh_desc}), '
+                  f'from step {start_step}; workdir {workdir}.')
   try:
     for step in range(start_step + 1, config.total_steps + 1):
       wait_start = time.perf_counter()
@@ -256,7 +266,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   """Evaluates the latest checkpoint in WORKDIR on the test split."""
-  mesh = mesh_lib.make_mesh()
+  mesh = mesh_lib.make_mesh(config.mesh_shape)
   mesh_lib.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
   checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
   step = checkpointer.latest_step()
@@ -264,10 +274,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dic
     raise FileNotFoundError(f'No checkpoint to evaluate in {checkpointer.directory}; '
                             'train first, or point --workdir at a trained run.')
   tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
-  abstract = jax.eval_shape(lambda r: _init_state(task, tx, r), jax.random.PRNGKey(0))
-  shardings = state_shardings(abstract, mesh, config.param_sharding)
-  target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                        abstract, shardings)
+  target, _ = abstract_state(task, tx, mesh, config)
   state = checkpointer.restore(target, step)
   checkpointer.close()
   results = evaluate_params(task, state['params'], mesh, jax.jit(task.eval_sums))

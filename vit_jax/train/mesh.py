@@ -1,63 +1,132 @@
-"""Device mesh and shardings: the batch on the 'data' axis, params replicated or FSDP."""
+"""Device mesh and shardings over the axes ('data', 'fsdp', 'model').
+
+Batches are split over data x fsdp. A parameter is split in two steps:
+1. tensor parallelism: dimensions the modules annotate with a logical axis that
+   `LOGICAL_AXIS_RULES` maps to 'model' (attention heads, MLP hidden units) are split
+   over 'model', Megatron-style;
+2. FSDP: the largest remaining dimension divisible by the 'fsdp' axis is split over
+   'fsdp' (arrays under `fsdp_min_size` elements stay whole: splitting saves nothing).
+Everything else is replicated. Optimizer state follows its parameter.
+"""
 
 import math
+from typing import Any, Sequence
 
+import flax.linen as nn
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-PARAM_SHARDINGS = ('replicated', 'fsdp')
-DATA_AXIS = 'data'
-# Leaves smaller than this stay replicated under FSDP: sharding them saves nothing.
-FSDP_MIN_SIZE = 2**12
+MESH_AXES = ('data', 'fsdp', 'model')
+BATCH_AXES = ('data', 'fsdp')  # The batch dimension is split over both.
+# The modules' logical axis names -> mesh axis (None: never split by name).
+LOGICAL_AXIS_RULES = (
+    ('heads', 'model'),  # Attention heads: q/k/v kernels (embed, heads, head_dim), out kernel.
+    ('mlp', 'model'),  # MLP hidden units: Dense_0 (embed, mlp), Dense_1 (mlp, embed).
+    ('embed', None),
+    ('head_dim', None),
+    ('vocab', None),
+    ('layers', None),  # The stacked layer axis of scan_layers=True.
+)
+FSDP_MIN_SIZE = 2**12  # Default `fsdp_min_size`.
 
 
-def make_mesh(devices=None) -> Mesh:
-  """A 1-D mesh over all devices (of all processes) on the 'data' axis."""
-  devices = jax.devices() if devices is None else devices
-  return Mesh(np.asarray(devices), (DATA_AXIS,))
+def make_mesh(mesh_shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
+  """A (data, fsdp, model) mesh over all devices of all processes; one -1 takes the rest.
+
+  Model groups (the last axis) are consecutive devices, so on several hosts they stay
+  within one host as long as `model` divides the local device count.
+  """
+  devices = jax.devices() if devices is None else list(devices)
+  shape = tuple(int(n) for n in mesh_shape)
+  where = f'config.mesh_shape={tuple(mesh_shape)}'
+  if len(shape) != len(MESH_AXES) or any(n == 0 or n < -1 for n in shape) or shape.count(-1) > 1:
+    raise ValueError(f'{where} must be 3 positive sizes for the axes {MESH_AXES}, one of '
+                     'which may be -1 (all remaining devices), e.g. (-1, 1, 1).')
+  known = math.prod(n for n in shape if n != -1)
+  if -1 in shape:
+    if len(devices) % known:
+      raise ValueError(f'{where}: {len(devices)} devices do not split into groups of {known}; '
+                       f'use sizes whose product divides {len(devices)}.')
+    shape = tuple(len(devices) // known if n == -1 else n for n in shape)
+  if math.prod(shape) != len(devices):
+    raise ValueError(f'{where} needs {math.prod(shape)} devices, but there are {len(devices)} '
+                     f'({jax.process_count()} process(es) x {jax.local_device_count()} local '
+                     'devices); make the product of the sizes equal the device count, or use -1.')
+  model_size = shape[2]
+  if jax.process_count() > 1 and jax.local_device_count() % model_size:
+    raise ValueError(f'{where}: the model axis ({model_size}) must divide the '
+                     f'{jax.local_device_count()} devices of each process, so that a model '
+                     'group never spans hosts.')
+  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-  return NamedSharding(mesh, P(DATA_AXIS))
+  return NamedSharding(mesh, P(BATCH_AXES))
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
   return NamedSharding(mesh, P())
 
 
-def _fsdp_spec(shape, axis_size: int) -> P:
-  """Shard the largest dimension divisible by the axis size; else replicate."""
-  if math.prod(shape) < FSDP_MIN_SIZE:
-    return P()
-  for dim in sorted(range(len(shape)), key=lambda d: -shape[d]):
-    if shape[dim] % axis_size == 0:
-      spec = [None] * len(shape)
-      spec[dim] = DATA_AXIS
-      return P(*spec)
-  return P()
-
-
-def tree_shardings(tree, mesh: Mesh, mode: str):
-  """Shardings for a tree of arrays (or ShapeDtypeStructs): 'replicated' or 'fsdp'."""
-  if mode not in PARAM_SHARDINGS:
-    raise ValueError(f'Unknown param_sharding {mode!r}; choose one of {PARAM_SHARDINGS}.')
-  axis_size = mesh.shape[DATA_AXIS]
-  if mode == 'replicated' or axis_size == 1:
-    return jax.tree.map(lambda _: replicated(mesh), tree)
-  return jax.tree.map(lambda x: NamedSharding(mesh, _fsdp_spec(x.shape, axis_size)), tree)
+def num_batch_shards(mesh: Mesh) -> int:
+  return mesh.shape['data'] * mesh.shape['fsdp']
 
 
 def check_batch_size(batch_size: int, mesh: Mesh, name: str = 'batch_size'):
-  devices = mesh.size
-  if batch_size % devices:
-    raise ValueError(f'{name}={batch_size} is not divisible by the number of devices '
-                     f'({devices}); use a multiple of {devices}, e.g. '
-                     f'{max(devices, batch_size // devices * devices)}.')
+  shards = num_batch_shards(mesh)
+  if batch_size % shards:
+    raise ValueError(f'{name}={batch_size} is not divisible by the {shards} batch shards of '
+                     f'the mesh (data x fsdp = {mesh.shape["data"]} x {mesh.shape["fsdp"]}); '
+                     f'use a multiple of {shards}, e.g. {max(shards, batch_size // shards * shards)}.')
+
+
+def _path_name(path) -> str:
+  return '/'.join(str(getattr(key, 'key', getattr(key, 'idx', key))) for key in path)
+
+
+def _leaf_spec(name: str, logical: P, shape: tuple[int, ...], mesh: Mesh,
+               fsdp_min_size: int) -> P:
+  """The mesh PartitionSpec of one array: its 'model' dims from `logical`, then FSDP."""
+  spec = [None] * len(shape)
+  if logical:
+    for dim, mesh_axis in enumerate(nn.logical_to_mesh_axes(logical, LOGICAL_AXIS_RULES)):
+      if mesh_axis is None or mesh.shape[mesh_axis] == 1:
+        continue
+      if shape[dim] % mesh.shape[mesh_axis]:
+        raise ValueError(
+            f'Parameter {name} of shape {shape}: dimension {dim} ({logical[dim]!r}, size '
+            f'{shape[dim]}) is not divisible by the {mesh_axis!r} mesh axis '
+            f'({mesh.shape[mesh_axis]}). Pick a {mesh_axis} size that divides it, or change '
+            'the model (num_heads, mlp_dim).')
+      spec[dim] = mesh_axis
+  fsdp = mesh.shape['fsdp']
+  if fsdp > 1 and math.prod(shape) >= fsdp_min_size:
+    free = [d for d in range(len(shape)) if spec[d] is None and shape[d] % fsdp == 0]
+    if free:
+      spec[max(free, key=lambda d: shape[d])] = 'fsdp'
+  return P(*spec) if any(spec) else P()
+
+
+def tree_shardings(abstract_tree: Any, mesh: Mesh, fsdp_min_size: int = FSDP_MIN_SIZE) -> Any:
+  """NamedShardings for a tree of (possibly logically boxed) arrays or ShapeDtypeStructs.
+
+  Boxed leaves (`nn.with_logical_partitioning`) give their 'model' dimensions; any leaf may
+  be FSDP-split. The result has the structure of the unboxed tree.
+  """
+  logical = nn.get_partition_spec(abstract_tree)
+  values = nn.meta.unbox(abstract_tree)
+
+  def sharding(path, spec, value):
+    return NamedSharding(mesh, _leaf_spec(_path_name(path), spec, tuple(value.shape), mesh,
+                                          fsdp_min_size))
+
+  return jax.tree_util.tree_map_with_path(sharding, logical, values,
+                                          is_leaf=lambda x: isinstance(x, P))
 
 
 def global_batch(local_batch: dict, mesh: Mesh) -> dict:
-  """Assembles each process's numpy batch into one array sharded on 'data'."""
+  """Assembles each process's numpy batch into one array split over data x fsdp."""
   sharding = batch_sharding(mesh)
   return {k: jax.make_array_from_process_local_data(sharding, np.asarray(v))
           for k, v in local_batch.items()}

@@ -1,0 +1,198 @@
+"""Meshes over (data, fsdp, model): data-parallel, FSDP and tensor-parallel runs agree, a
+checkpoint moves between meshes and device counts, and mistakes get clear errors."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import pytest
+from helpers import read_metrics
+from test_train import tiny_config as vit_config
+from test_translation import tiny_config as mt_config
+
+from vit_jax import main
+from vit_jax.train import checkpointing
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# 4 heads so that the model axis can be 4; wide enough that FSDP splits the dense kernels.
+VIT = {'total_steps': 5, 'log_every': 1, 'eval_every': 0, 'checkpoint_every': 0,
+       'model.hidden_size': 64, 'model.mlp_dim': 128, 'model.num_heads': 4}
+MT = {'total_steps': 4, 'log_every': 1, 'num_eval_decode': 4}
+VIT_MESHES = [(8, 1, 1), (2, 2, 2), (1, 2, 4)]  # Data parallel, all three axes, FSDP + TP 4.
+MT_MESHES = [(8, 1, 1), (1, 2, 4)]
+
+EIGHT_DEVICES = textwrap.dedent('''
+    import json, os, shutil, sys
+    os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+    repo, out = sys.argv[1], sys.argv[2]
+    sys.path.insert(0, os.path.join(repo, 'tests'))
+    import jax, numpy as np
+    from helpers import read_metrics
+    from test_mesh import VIT, MT, VIT_MESHES, MT_MESHES
+    from test_train import tiny_config as vit_config
+    from test_translation import tiny_config as mt_config
+    from vit_jax import main
+    from vit_jax.train import checkpointing, classification, loop, mesh as mesh_lib, optim
+
+    def losses(workdir):
+      return [row['loss'] for row in read_metrics(workdir, 'train')]
+
+    results = {'vit': {}, 'mt': {}}
+    for shape in VIT_MESHES:
+      workdir = os.path.join(out, 'vit', str(shape))
+      main.run(vit_config(mesh_shape=shape, **VIT), workdir)
+      results['vit'][str(shape)] = losses(workdir)
+    for shape in MT_MESHES:
+      workdir = os.path.join(out, 'mt', str(shape))
+      main.run(mt_config(mesh_shape=shape, **MT), workdir)
+      results['mt'][str(shape)] = losses(workdir)
+
+    # How the (2, 2, 2) mesh splits the parameters.
+    config = vit_config(mesh_shape=(2, 2, 2), **VIT)
+    task = classification.ClassificationTask(config, out)
+    tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
+    mesh = mesh_lib.make_mesh(config.mesh_shape)
+    _, shardings = loop.abstract_state(task, tx, mesh, config)
+    block = shardings['params']['Transformer']['encoderblock_0']
+    results['specs'] = {
+        name: str(tuple(sharding.spec)) for name, sharding in [
+            ('query', block['MultiHeadDotProductAttention_1']['query']['kernel']),
+            ('out', block['MultiHeadDotProductAttention_1']['out']['kernel']),
+            ('mlp_in', block['MlpBlock_3']['Dense_0']['kernel']),
+            ('mlp_out', block['MlpBlock_3']['Dense_1']['kernel']),
+            ('cls', shardings['params']['cls'])]}
+
+    # The checkpoint of the (8, 1, 1) run restores on a (2, 2, 2) mesh with equal values...
+    saved = os.path.join(out, 'vit', str((8, 1, 1)))
+    states = {}
+    for shape in [(8, 1, 1), (2, 2, 2)]:
+      config = vit_config(mesh_shape=shape, **VIT)
+      mesh = mesh_lib.make_mesh(shape)
+      target, _ = loop.abstract_state(task, tx, mesh, config)
+      states[shape] = checkpointing.Checkpointer(saved).restore(target)
+    flat = lambda state: [np.asarray(x) for x in jax.tree.leaves(state)]
+    results['restored_equal'] = all(np.array_equal(a, b) for a, b in zip(
+        flat(states[(8, 1, 1)]), flat(states[(2, 2, 2)])))
+    kernel = states[(2, 2, 2)]['params']['Transformer']['encoderblock_0']['MlpBlock_3']
+    results['restored_spec'] = str(tuple(kernel['Dense_0']['kernel'].sharding.spec))
+    np.savez(os.path.join(out, 'saved_params.npz'),
+             *[np.asarray(x) for x in jax.tree.leaves(states[(8, 1, 1)]['params'])])
+    shutil.copytree(saved, os.path.join(out, 'for_one_device'))
+    # ... and training continues there.
+    workdir = os.path.join(out, 'continued')
+    shutil.copytree(saved, workdir)
+    main.run(vit_config(mesh_shape=(2, 2, 2), **{**VIT, 'total_steps': 8}), workdir)
+    results['continued'] = losses(workdir)[5:]
+
+    errors = {}
+    for name, overrides in [('mesh', {'mesh_shape': (2, 2, 1)}),
+                            ('divisible', {'mesh_shape': (1, 1, 8)}),
+                            ('minus_one', {'mesh_shape': (3, -1, 1)}),
+                            ('batch', {'batch_size': 36})]:
+      try:
+        main.run(vit_config(**{**VIT, **overrides}), os.path.join(out, 'errors', name))
+      except ValueError as error:
+        errors[name] = str(error)
+    results['errors'] = errors
+    print(json.dumps(results))
+''')
+
+
+@pytest.fixture(scope='module')
+def eight_devices(tmp_path_factory):
+  """Runs every multi-device case once in a subprocess with 8 CPU devices."""
+  out = tmp_path_factory.mktemp('mesh')
+  script = out / 'eight_devices.py'
+  script.write_text(EIGHT_DEVICES)
+  run = subprocess.run([sys.executable, str(script), REPO, str(out)], capture_output=True,
+                       text=True, env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, timeout=600)
+  assert run.returncode == 0, run.stderr[-3000:]
+  return json.loads(run.stdout.strip().splitlines()[-1]), out
+
+
+def test_vit_meshes_match_one_device(eight_devices, tmp_path):
+  results, _ = eight_devices
+  main.run(vit_config(**VIT), str(tmp_path))  # This process has one CPU device.
+  one = [row['loss'] for row in read_metrics(str(tmp_path), 'train')]
+  assert len(one) == 5
+  data_parallel = results['vit'][str((8, 1, 1))]
+  np.testing.assert_allclose(data_parallel, one, rtol=1e-5)
+  for shape in VIT_MESHES[1:]:
+    np.testing.assert_allclose(results['vit'][str(shape)], data_parallel, rtol=1e-5,
+                               err_msg=f'mesh {shape}')
+
+
+def test_transformer_meshes_match_one_device(eight_devices, tmp_path):
+  results, _ = eight_devices
+  main.run(mt_config(**MT), str(tmp_path))
+  one = [row['loss'] for row in read_metrics(str(tmp_path), 'train')]
+  data_parallel = results['mt'][str((8, 1, 1))]
+  np.testing.assert_allclose(data_parallel, one, rtol=1e-5)
+  np.testing.assert_allclose(results['mt'][str((1, 2, 4))], data_parallel, rtol=1e-5)
+
+
+def test_parameters_split_over_heads_mlp_units_and_fsdp(eight_devices):
+  specs = eight_devices[0]['specs']
+  # q/k/v kernels (embed, heads, head_dim): heads over 'model', embed over 'fsdp'.
+  assert specs['query'] == "('fsdp', 'model', None)"
+  assert specs['out'] == "('model', None, 'fsdp')"  # (heads, head_dim, embed)
+  assert specs['mlp_in'] == "('fsdp', 'model')"  # (embed, mlp)
+  assert specs['mlp_out'] == "('model', 'fsdp')"  # (mlp, embed)
+  assert specs['cls'] == '()'  # 64 numbers: not worth splitting.
+
+
+def test_checkpoint_moves_between_meshes_and_device_counts(eight_devices, tmp_path):
+  results, out = eight_devices
+  assert results['restored_equal']
+  assert results['restored_spec'] == "('fsdp', 'model')"
+  continued = results['continued']
+  assert len(continued) == 3  # Steps 6, 7 and 8 after resuming at step 5 on (2, 2, 2).
+
+  # On one device (this process): the same values, and training continues the same way.
+  workdir = str(tmp_path / 'one_device')
+  shutil.copytree(out / 'for_one_device', workdir)
+  params = checkpointing.Checkpointer(workdir).restore_params()
+  saved = np.load(out / 'saved_params.npz')
+  leaves = jax.tree.leaves(params)
+  assert len(leaves) == len(saved.files)
+  assert all(np.array_equal(leaf, saved[f'arr_{i}']) for i, leaf in enumerate(leaves))
+  main.run(vit_config(**{**VIT, 'total_steps': 8}), workdir)
+  np.testing.assert_allclose([row['loss'] for row in read_metrics(workdir, 'train')][5:],
+                             continued, rtol=1e-4)
+
+
+def test_mesh_errors_name_the_problem(eight_devices):
+  errors = eight_devices[0]['errors']
+  assert errors['mesh'].startswith('config.mesh_shape=(2, 2, 1) needs 4 devices, but there '
+                                   'are 8')
+  assert 'Parameter Transformer/encoderblock_0/MultiHeadDotProductAttention_1/' in (
+      errors['divisible'])
+  assert "('heads', size 4) is not divisible by the 'model' mesh axis (8)" in errors['divisible']
+  assert errors['minus_one'].startswith('config.mesh_shape=(3, -1, 1): 8 devices do not split '
+                                        'into groups of 3')
+  assert errors['batch'].startswith('batch_size=36 is not divisible by the 8 batch shards')
+
+
+def test_parameters_carry_logical_axes_only_when_asked():
+  import flax.linen as nn  # pylint: disable=g-import-not-at-top
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  from vit_jax.models import partitioning  # pylint: disable=g-import-not-at-top
+  model = models.get_model('ViT-testing', num_classes=3, scan_layers=True)
+  images = np.zeros((1, 8, 8, 3), np.float32)
+  plain = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), images))['params']
+  assert not any(isinstance(x, nn.LogicallyPartitioned) for x in jax.tree.leaves(
+      plain, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned)))
+  with partitioning.boxed():
+    boxed = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), images))['params']
+  specs = nn.get_partition_spec(boxed)['Transformer']['encoderblock']
+  # The scanned stack adds its layer axis in front.
+  assert tuple(specs['MultiHeadDotProductAttention_1']['query']['kernel']) == (
+      'layers', 'embed', 'heads', 'head_dim')
+  assert tuple(specs['MlpBlock_3']['Dense_1']['kernel']) == ('layers', 'mlp', 'embed')
+  assert tuple(specs['LayerNorm_0']['scale']) == ()
+  assert jax.tree.structure(nn.meta.unbox(boxed)) == jax.tree.structure(plain)
