@@ -1,8 +1,9 @@
 """Flax modules: attention, encoder blocks, ViT (plain, hybrid, DeiT), Transformer."""
 
 from vit_jax.models.attention import (MultiHeadDotProductAttention, chunked_attention,
-                                      fused_attention, make_causal_mask, make_padding_mask,
-                                      make_segment_mask, plain_attention)
+                                      fused_attention, head_major_attention, make_causal_mask,
+                                      make_padding_mask, make_segment_mask, plain_attention,
+                                      resolve_attention_impl)
 from vit_jax.models.layers import (Encoder, EncoderBlock, MlpBlock, stack_layers,
                                    unstack_layers)
 from vit_jax.models.position import (AddPositionEmbs, AddSinusoidalPositions,
@@ -15,6 +16,7 @@ __all__ = [
     'AddPositionEmbs', 'AddSinusoidalPositions', 'Decoder', 'DecoderBlock', 'Encoder',
     'EncoderBlock', 'MODELS', 'MlpBlock', 'MultiHeadDotProductAttention',
     'Transformer', 'VisionTransformer', 'chunked_attention', 'fused_attention', 'get_model',
+    'head_major_attention', 'resolve_attention_impl',
     'make_causal_mask', 'make_padding_mask', 'make_segment_mask', 'model_config', 'model_names',
     'plain_attention', 'sincos_2d', 'sinusoidal_1d', 'stack_layers', 'unstack_layers',
 ]
