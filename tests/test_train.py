@@ -14,7 +14,7 @@ import pytest
 from helpers import override, read_metrics
 
 from vit_jax import checkpoint as weights
-from vit_jax import main, models
+from vit_jax import main, models, utils
 from vit_jax.train import config as config_lib
 from vit_jax.train import loop
 
@@ -124,6 +124,12 @@ def test_deit_distils_from_a_teacher_workdir(tmp_path):
 def test_teacher_needs_a_distillation_head(tmp_path):
   with pytest.raises(ValueError, match='has no distillation head'):
     main.run(tiny_config(teacher=str(tmp_path)), str(tmp_path / 'run'))
+
+
+def test_tuned_malloc_trains(tmp_path):
+  results = main.run(tiny_config(tune_malloc=True, total_steps=5), str(tmp_path / 'run'))
+  assert np.isfinite(results['loss'])
+  assert utils.tune_malloc()  # glibc here: the mallopt calls take effect.
 
 
 def test_mixed_precision_trains(tmp_path):

@@ -40,11 +40,10 @@ which covers everything the process did so far, plus XLA's memory analysis of
 the compiled function.
 
 On CPUs, `--tune-malloc` stops glibc from handing XLA a freshly mapped (and so
-page-faulting) temporary buffer at every step; see `tune_malloc`.
+page-faulting) temporary buffer at every step; see `vit_jax.utils.tune_malloc`.
 """
 
 import argparse
-import ctypes
 import dataclasses
 import json
 import os
@@ -61,6 +60,7 @@ import optax
 from vit_jax import models
 from vit_jax.models.attention import ATTENTION_IMPLEMENTATIONS, resolve_attention_impl
 from vit_jax.train import loop, optim
+from vit_jax import utils
 from vit_jax.utils import count_flops
 
 # Dense peak TFLOP/s (bfloat16, float32) by device kind, first match wins. GPU float32
@@ -136,27 +136,6 @@ def time_alternating(runners: dict[str, Callable[[], Any]], steps: int,
         run()
         timings[name].times.append(time.perf_counter() - start)
   return timings
-
-
-def tune_malloc() -> bool:
-  """Makes glibc keep and reuse freed memory: one arena, no mmap, no trimming.
-
-  XLA:CPU allocates each execution's temporary buffer (GBs in training) with
-  `posix_memalign`, which glibc serves with a fresh `mmap`: every step then
-  page-faults the whole buffer in again (measured: ~20% of a ViT-S train step
-  in the kernel). Must run before the XLA and torch thread pools start. Returns
-  whether it applied (glibc only).
-  """
-  if not sys.platform.startswith('linux'):
-    return False
-  try:
-    libc = ctypes.CDLL('libc.so.6')
-  except OSError:
-    return False
-  m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8  # From glibc's malloc.h.
-  # A trim threshold of -1 disables trimming (see `man mallopt`).
-  return all(libc.mallopt(option, value) == 1 for option, value in (
-      (m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, -1)))
 
 
 def peak_rss_bytes() -> int:
@@ -910,7 +889,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
-  if args.tune_malloc and not tune_malloc():
+  if args.tune_malloc and not utils.tune_malloc():
     print('note: --tune-malloc needs glibc (Linux); running without it.', file=sys.stderr)
   if args.compare:  # Leave GPU memory to torch: JAX would take 75% of it at start-up.
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')

@@ -12,6 +12,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from vit_jax import utils
 from vit_jax.train import distributed
 
 # Without --config, the config saved in --workdir by an earlier run.
@@ -45,6 +46,8 @@ def run(config, workdir: str):
   trainers = {'train': loop.train, 'evaluate': loop.evaluate}
   if config.task not in tasks:
     raise ValueError(f'Unknown config.task {config.task!r}; choose one of {sorted(tasks)}.')
+  if config.get('tune_malloc') and not utils.tune_malloc():
+    logging.warning('config.tune_malloc needs glibc (Linux); running without it.')
   if config.trainer == 'visualize':
     from vit_jax.train import visualization
     return visualization.run(config, workdir)

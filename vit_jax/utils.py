@@ -1,6 +1,8 @@
-"""Small utilities: FLOP counting from the traced program."""
+"""Small utilities: FLOP counting from the traced program, glibc malloc tuning."""
 
+import ctypes
 import math
+import sys
 from typing import Any, Callable
 
 import jax
@@ -61,3 +63,24 @@ def count_flops(fn: Callable, *args, **kwargs) -> int:
   """
   closed = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
   return _jaxpr_flops(closed.jaxpr)
+
+
+def tune_malloc() -> bool:
+  """Makes glibc keep and reuse freed memory: one arena, no mmap, no trimming.
+
+  XLA:CPU allocates each execution's temporary buffer (GBs in training) with
+  `posix_memalign`, which glibc serves with a fresh `mmap`: every step then
+  page-faults the whole buffer in again (measured: ~20% of a ViT-S train step
+  in the kernel). Must run before the XLA and torch thread pools start. Returns
+  whether it applied (glibc only).
+  """
+  if not sys.platform.startswith('linux'):
+    return False
+  try:
+    libc = ctypes.CDLL('libc.so.6')
+  except OSError:
+    return False
+  m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8  # From glibc's malloc.h.
+  # A trim threshold of -1 disables trimming (see `man mallopt`).
+  return all(libc.mallopt(option, value) == 1 for option, value in (
+      (m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, -1)))
