@@ -101,6 +101,7 @@ class TranslationTask:
     self.local_batch_size = config.batch_size // process_count
     self.local_eval_batch_size = config.eval_batch_size // process_count
     self.model = build_model(config, self.tokenizer.vocab_size)
+    self._translator = None  # Built by the first `extra_eval`.
 
   def init_params(self, rng):
     tokens = jnp.ones((1, self.config.data.max_length), jnp.int32)
@@ -153,8 +154,10 @@ class TranslationTask:
     references = [target for _, target in pairs]
     params = jax.device_put(multihost_utils.process_allgather(params, tiled=True),
                             jax.local_devices()[0])
-    translator = Translator(self.model, params, self.tokenizer, self.config)
-    hypotheses = translator.translate(sources)
+    if self._translator is None:  # One jitted decoder for every evaluation of the run.
+      self._translator = Translator(self.model, params, self.tokenizer, self.config)
+    self._translator.params = params
+    hypotheses = self._translator.translate(sources)
     for source, hypothesis, reference in list(zip(sources, hypotheses, references))[:3]:
       metrics_lib.log(f'  {source!r} -> {hypothesis!r} (reference {reference!r})')
     hypotheses = distributed.allgather_texts(hypotheses)
