@@ -53,6 +53,20 @@ def tfds_suggestion(name: str) -> str:
   return f' Close TFDS names: {", ".join(close)}.' if close else ''
 
 
+def tfds_builder(name: str, data_dir: str | None,
+                 unknown_error: Callable[[Exception], Exception]):
+  """`tfds.builder(name)`; a name TFDS does not know raises `unknown_error(tfds_error)`."""
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  try:
+    return tfds.builder(name, data_dir=data_dir)
+  except tfds.core.DatasetNotFoundError as e:
+    raise unknown_error(e) from None
+  except ValueError as e:
+    if not str(e).startswith('Parsing builder name string'):
+      raise  # E.g. an unknown config of a known dataset: TFDS's message lists the close ones.
+    raise unknown_error(e) from None
+
+
 def host_range(num_examples: int, process_index: int, process_count: int) -> tuple[int, int]:
   """[start, stop) of this host's share; the first num_examples % process_count get one more."""
   base, extra = divmod(num_examples, process_count)
@@ -365,13 +379,6 @@ def load(config: ml_collections.ConfigDict, process_index: int, process_count: i
     return load_folder(config, process_index, process_count)
   if name.startswith(('/', '.', '~')):
     raise _folder_error(config)
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  try:
-    builder = tfds.builder(name, data_dir=config.tfds_data_dir)
-  except tfds.core.DatasetNotFoundError as e:
-    raise _unknown_dataset_error(config, e) from None
-  except ValueError as e:
-    if not str(e).startswith('Parsing builder name string'):
-      raise  # E.g. an unknown config of a known dataset: TFDS's message lists the close ones.
-    raise _unknown_dataset_error(config, e) from None
+  builder = tfds_builder(name, config.tfds_data_dir,
+                         lambda error: _unknown_dataset_error(config, error))
   return load_tfds(config, process_index, process_count, builder=builder)

@@ -255,13 +255,6 @@ def load(config: ml_collections.ConfigDict, process_index: int, process_count: i
     return load_dates(config, process_index, process_count)
   if config.dataset == 'files':
     return load_files(config, process_index, process_count)
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  try:
-    builder = tfds.builder(config.dataset, data_dir=config.tfds_data_dir)
-  except tfds.core.DatasetNotFoundError as e:
-    raise _unknown_dataset_error(config, e) from None
-  except ValueError as e:
-    if not str(e).startswith('Parsing builder name string'):
-      raise  # E.g. an unknown config of a known dataset: TFDS's message lists the close ones.
-    raise _unknown_dataset_error(config, e) from None
+  builder = image_sources.tfds_builder(config.dataset, config.tfds_data_dir,
+                                       lambda error: _unknown_dataset_error(config, error))
   return load_tfds(config, process_index, process_count, builder)
