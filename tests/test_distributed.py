@@ -100,9 +100,13 @@ REFERENCE_SCRIPT = textwrap.dedent('''
 
 
 def _env(devices: int, **variables) -> dict:
-  """This environment without launcher or JAX_* settings, with `devices` CPU devices."""
+  """This environment without launcher or JAX_* settings, with `devices` CPU devices.
+
+  The run's compilation cache (conftest.py) stays.
+  """
   env = {k: v for k, v in os.environ.items()
-         if not k.startswith(('SLURM_', 'OMPI_', 'JAX_', 'XLA_FLAGS'))}
+         if not k.startswith(('SLURM_', 'OMPI_', 'JAX_', 'XLA_FLAGS'))
+         or k.startswith(('JAX_COMPILATION_CACHE_', 'JAX_PERSISTENT_CACHE_'))}
   return {**env, 'JAX_PLATFORMS': 'cpu',
           'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices}', **variables}
 
