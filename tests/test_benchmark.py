@@ -104,3 +104,21 @@ def test_bad_arguments_are_rejected():
     benchmark.parse_args(['--steps', '0'])
   with pytest.raises(SystemExit):
     benchmark.parse_args(['--attention', 'magic'])
+
+
+def test_xla_options_are_typed_and_checked():
+  assert benchmark.parse_xla_options(
+      ['xla_cpu_enable_fast_math=false', 'xla_cpu_parallel_codegen_split_count=4',
+       'xla_cpu_experimental_ynn_fusion_type=']) == {
+           'xla_cpu_enable_fast_math': False, 'xla_cpu_parallel_codegen_split_count': 4,
+           'xla_cpu_experimental_ynn_fusion_type': ''}
+  with pytest.raises(SystemExit):
+    benchmark.parse_args(['--xla-option', 'no_equals_sign'])
+
+
+def test_xla_options_reach_the_compiler(tmp_path, capsys):
+  _, printed = _run(tmp_path, capsys, *TINY_VIT, '--xla-option', 'xla_cpu_enable_fast_math=false')
+  assert 'XLA xla_cpu_enable_fast_math=false' in printed
+  # An option XLA does not know fails the compile, with the option named.
+  assert benchmark.main([*TINY_VIT, '--xla-option', 'xla_no_such_option=1']) == 1
+  assert 'xla_no_such_option' in capsys.readouterr().err

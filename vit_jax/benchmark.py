@@ -3,7 +3,7 @@
   python -m vit_jax.benchmark --model ViT-B_16 --mode infer --batch 8 --resolution 224 \\
       --dtype float32 [--steps 20] [--warmup 3] [--compare timm] [--json out.json] \\
       [--peak-tflops X] [--attention auto|fused|plain|chunked] [--scan-layers] [--remat] \\
-      [--tune-malloc] [--timm-path DIR]
+      [--tune-malloc] [--timm-path DIR] [--xla-option NAME=VALUE ...]
   python -m vit_jax.benchmark --model ViT-S_16 --mode train --batch 16 --compare timm
   python -m vit_jax.benchmark --model Transformer-base --mode seq2seq [--seq-len 64] \\
       [--decode-length 64] [--vocab-size 32000]
@@ -39,6 +39,10 @@ Memory: on GPU/TPU the device's `peak_bytes_in_use` (and torch's
 which covers everything the process did so far, plus XLA's memory analysis of
 the compiled function.
 
+`--xla-option NAME=VALUE` (repeatable) compiles our steps with that XLA option, e.g.
+`--xla-option xla_cpu_experimental_ynn_fusion_type=` runs XLA:CPU's dots on Eigen
+instead of YNNPACK; comparing ours/timm across runs shows what an option is worth.
+
 On CPUs, `--tune-malloc` stops glibc from handing XLA a freshly mapped (and so
 page-faulting) temporary buffer at every step; see `vit_jax.utils.tune_malloc`.
 """
@@ -47,6 +51,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import resource
 import sys
 import time
@@ -189,11 +194,38 @@ def device_info() -> dict:
   return info
 
 
-def _compile(fn: Callable, *args) -> tuple[Any, float]:
-  """Lowers and compiles `fn` (a jitted function) for `args`; returns it and the seconds."""
+def _compile(fn: Callable, *args, options: dict | None = None) -> tuple[Any, float]:
+  """Lowers and compiles `fn` (a jitted function) for `args` with XLA `options`.
+
+  Returns the compiled function and the seconds it took.
+  """
   start = time.perf_counter()
-  compiled = fn.lower(*args).compile()
+  lowered = fn.lower(*args)
+  try:
+    compiled = lowered.compile(compiler_options=options or None)
+  except Exception as error:  # pylint: disable=broad-except  # XLA's own error types.
+    if not options:
+      raise
+    raise ValueError(f'XLA did not compile with --xla-option {options}: {error}. Check '
+                     'the option names against XLA_FLAGS=--help of this jaxlib.') from error
   return compiled, time.perf_counter() - start
+
+
+def parse_xla_options(items: Sequence[str]) -> dict[str, bool | int | str]:
+  """['name=value', ...] -> {name: value}; 'true'/'false' and integers are typed."""
+  options = {}
+  for item in items:
+    name, sep, value = item.partition('=')
+    if not sep or not name:
+      raise ValueError(f'--xla-option {item!r} is not NAME=VALUE, e.g. '
+                       'xla_cpu_experimental_ynn_fusion_type= (an empty value is allowed).')
+    if value.lower() in ('true', 'false'):
+      options[name] = value.lower() == 'true'
+    elif re.fullmatch(r'-?\d+', value):
+      options[name] = int(value)
+    else:
+      options[name] = value
+  return options
 
 
 def _throughput_figures(macs: int | None, step_s: float, peak: float | None) -> dict:
@@ -282,12 +314,13 @@ def make_train_state(params, tx) -> loop.State:
 class OursRunner:
   """A compiled step of our model and the state it threads through the steps."""
 
-  def __init__(self, fn: Callable, args: tuple, *, donate_state: bool):
+  def __init__(self, fn: Callable, args: tuple, *, donate_state: bool,
+               xla_options: dict | None = None):
     self.fn = jax.jit(fn, donate_argnums=0 if donate_state else ())
     self.args = args
     self.donate_state = donate_state
     self.macs = count_flops(fn, *args)
-    self.compiled, self.compile_s = _compile(self.fn, *args)
+    self.compiled, self.compile_s = _compile(self.fn, *args, options=xla_options)
     self.memory_analysis = memory_analysis(self.compiled)
     self.output = None
 
@@ -322,10 +355,12 @@ def _model_macs(args, images, labels) -> int:
 
 def build_ours_vit(args, model, params, images, labels) -> OursRunner:
   step, tx = _vit_step(args, model)
+  options = parse_xla_options(args.xla_option)
   if tx is None:
-    return OursRunner(step, (params, images), donate_state=False)
+    return OursRunner(step, (params, images), donate_state=False, xla_options=options)
   batch = {'images': images, 'labels': labels}
-  return OursRunner(step, (make_train_state(params, tx), batch, None), donate_state=True)
+  return OursRunner(step, (make_train_state(params, tx), batch, None), donate_state=True,
+                    xla_options=options)
 
 
 # ----------------------------------------------------------------------------
@@ -568,11 +603,15 @@ def benchmark_seq2seq(args) -> dict:
   train_step = loop.make_train_step(_Seq2SeqTask(model), tx, schedule, accum_steps=1)
   batch = {'inputs': inputs, 'targets': targets}
   cached, uncached = _greedy_decoders(model, args.batch, args.seq_len, args.decode_length)
+  options = parse_xla_options(args.xla_option)
   runners = {
       'train': OursRunner(train_step, (make_train_state(
-          jax.tree.map(jnp.copy, params), tx), batch, None), donate_state=True),
-      'decode_cached': OursRunner(cached, (params, inputs), donate_state=False),
-      'decode_uncached': OursRunner(uncached, (params, inputs), donate_state=False),
+          jax.tree.map(jnp.copy, params), tx), batch, None), donate_state=True,
+                          xla_options=options),
+      'decode_cached': OursRunner(cached, (params, inputs), donate_state=False,
+                                  xla_options=options),
+      'decode_uncached': OursRunner(uncached, (params, inputs), donate_state=False,
+                                    xla_options=options),
   }
   for runner in runners.values():
     for _ in range(args.warmup):
@@ -819,6 +858,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--tune-malloc', action='store_true',
                       help='glibc: reuse freed memory instead of mmap-ing (and page-faulting) '
                       "XLA's per-step temporary buffer anew; applies to the whole process")
+  parser.add_argument('--xla-option', action='append', default=[], metavar='NAME=VALUE',
+                      help='XLA compiler option for our compiled steps (repeatable)')
   parser.add_argument('--peak-tflops', type=float,
                       help='dense peak TFLOP/s of one device for MFU (default: known devices)')
   parser.add_argument('--attention', default='auto', choices=ATTENTION_IMPLEMENTATIONS,
@@ -849,6 +890,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   unknown = [i for i in args.memory_impls if i not in ATTENTION_IMPLEMENTATIONS]
   if unknown:
     parser.error(f'--memory-impls: unknown {unknown}; choose from {ATTENTION_IMPLEMENTATIONS}')
+  try:
+    parse_xla_options(args.xla_option)
+  except ValueError as error:
+    parser.error(str(error))
   return args
 
 
@@ -875,6 +920,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
              f'{args.dtype} | attention {_attention_name(args)}'
              + (' | scan' if args.scan_layers else '') + (' | remat' if args.remat else '')
              + (' | tuned malloc' if args.tune_malloc else ''))
+  if args.xla_option and not (args.attention_memory or args.compile_depth):
+    title += ' | XLA ' + ' '.join(args.xla_option)
   info = device_info()
   if 'cpu_cores' in info:
     where = f'cpu ({info["cpu_cores"]} cores'
