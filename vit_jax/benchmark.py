@@ -355,7 +355,7 @@ def _model_macs(args, images, labels) -> int:
 
 def build_ours_vit(args, model, params, images, labels) -> OursRunner:
   step, tx = _vit_step(args, model)
-  options = parse_xla_options(args.xla_option)
+  options = args.xla_options
   if tx is None:
     return OursRunner(step, (params, images), donate_state=False, xla_options=options)
   batch = {'images': images, 'labels': labels}
@@ -603,7 +603,7 @@ def benchmark_seq2seq(args) -> dict:
   train_step = loop.make_train_step(_Seq2SeqTask(model), tx, schedule, accum_steps=1)
   batch = {'inputs': inputs, 'targets': targets}
   cached, uncached = _greedy_decoders(model, args.batch, args.seq_len, args.decode_length)
-  options = parse_xla_options(args.xla_option)
+  options = args.xla_options
   runners = {
       'train': OursRunner(train_step, (make_train_state(
           jax.tree.map(jnp.copy, params), tx), batch, None), donate_state=True,
@@ -891,7 +891,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   if unknown:
     parser.error(f'--memory-impls: unknown {unknown}; choose from {ATTENTION_IMPLEMENTATIONS}')
   try:
-    parse_xla_options(args.xla_option)
+    args.xla_options = parse_xla_options(args.xla_option)  # Typed, for the compiler.
   except ValueError as error:
     parser.error(str(error))
   return args
