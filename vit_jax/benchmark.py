@@ -39,7 +39,7 @@ Memory: on GPU/TPU the device's `peak_bytes_in_use` (and torch's
 which covers everything the process did so far, plus XLA's memory analysis of
 the compiled function.
 
-`--xla-option NAME=VALUE` (repeatable) compiles our steps with that XLA option, e.g.
+`--xla-option NAME=VALUE` (repeatable) compiles everything we measure with that XLA option, e.g.
 `--xla-option xla_cpu_experimental_ynn_fusion_type=` runs XLA:CPU's dots on Eigen
 instead of YNNPACK; comparing ours/timm across runs shows what an option is worth.
 
@@ -654,7 +654,7 @@ def benchmark_attention_memory(args) -> dict:
       params = jax.eval_shape(lambda r, x, m=model: m.init(r, x)['params'],
                               jax.random.PRNGKey(0), images)
       apply = jax.jit(lambda p, x, m=model: m.apply({'params': p}, x))
-      compiled, compile_s = _compile(apply, params, images)
+      compiled, compile_s = _compile(apply, params, images, options=args.xla_options)
       row[impl] = {**memory_analysis(compiled), 'compile_s': compile_s}
     rows.append(row)
   return {'method': 'XLA compiled memory_analysis (temp + argument + output - alias)',
@@ -689,7 +689,7 @@ def benchmark_compile_depth(args) -> dict:
     lowered = jax.jit(fn).lower(*fn_args)
     lower_s = time.perf_counter() - start
     start = time.perf_counter()
-    lowered.compile()
+    lowered.compile(compiler_options=args.xla_options or None)
     return lower_s, time.perf_counter() - start
 
   compile_once(1, True)  # Warms up the compiler so that the first timed run is not special.
@@ -859,7 +859,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help='glibc: reuse freed memory instead of mmap-ing (and page-faulting) '
                       "XLA's per-step temporary buffer anew; applies to the whole process")
   parser.add_argument('--xla-option', action='append', default=[], metavar='NAME=VALUE',
-                      help='XLA compiler option for our compiled steps (repeatable)')
+                      help='XLA compiler option for everything we compile (repeatable)')
   parser.add_argument('--peak-tflops', type=float,
                       help='dense peak TFLOP/s of one device for MFU (default: known devices)')
   parser.add_argument('--attention', default='auto', choices=ATTENTION_IMPLEMENTATIONS,
@@ -920,7 +920,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
              f'{args.dtype} | attention {_attention_name(args)}'
              + (' | scan' if args.scan_layers else '') + (' | remat' if args.remat else '')
              + (' | tuned malloc' if args.tune_malloc else ''))
-  if args.xla_option and not (args.attention_memory or args.compile_depth):
+  if args.xla_option:
     title += ' | XLA ' + ' '.join(args.xla_option)
   info = device_info()
   if 'cpu_cores' in info:
