@@ -3,7 +3,7 @@
   python -m vit_jax.benchmark --model ViT-B_16 --mode infer --batch 8 --resolution 224 \\
       --dtype float32 [--steps 20] [--warmup 3] [--compare timm] [--json out.json] \\
       [--peak-tflops X] [--attention auto|fused|plain|chunked] [--scan-layers] [--remat] \\
-      [--tune-malloc] [--timm-path DIR] [--xla-option NAME=VALUE ...]
+      [--tune-malloc] [--timm-path DIR] [--xla-option NAME=VALUE ...] [--matmul auto|xla|blas]
   python -m vit_jax.benchmark --model ViT-S_16 --mode train --batch 16 --compare timm
   python -m vit_jax.benchmark --model Transformer-base --mode seq2seq [--seq-len 64] \\
       [--decode-length 64] [--vocab-size 32000]
@@ -43,6 +43,11 @@ the compiled function.
 `--xla-option xla_cpu_experimental_ynn_fusion_type=` runs XLA:CPU's dots on Eigen
 instead of YNNPACK; comparing ours/timm across runs shows what an option is worth.
 
+`--matmul` chooses who multiplies the float32 matrices of the Dense layers: 'xla'
+(XLA:CPU's own kernels), 'blas' (MKL or OpenBLAS through `vit_jax.kernels.blas`) or
+'auto' (the models' default: MKL on Intel CPUs where it is installed). The title
+line shows what ran. FLOPs on the BLAS count like XLA's.
+
 On CPUs, `--tune-malloc` stops glibc from handing XLA a freshly mapped (and so
 page-faulting) temporary buffer at every step; see `vit_jax.utils.tune_malloc`.
 """
@@ -63,6 +68,7 @@ import numpy as np
 import optax
 
 from vit_jax import models
+from vit_jax.kernels import blas
 from vit_jax.models.attention import ATTENTION_IMPLEMENTATIONS, resolve_attention_impl
 from vit_jax.train import loop, optim
 from vit_jax import utils
@@ -241,7 +247,8 @@ def _throughput_figures(macs: int | None, step_s: float, peak: float | None) -> 
 
 
 def _model_overrides(args) -> dict:
-  overrides = {'dtype': DTYPES[args.dtype], 'attention_impl': args.attention}
+  overrides = {'dtype': DTYPES[args.dtype], 'attention_impl': args.attention,
+               'matmul': args.matmul}
   if args.num_layers:
     overrides['num_layers'] = args.num_layers
   if args.scan_layers:
@@ -831,6 +838,14 @@ def _attention_name(args) -> str:
   return args.attention if kernel == args.attention else f'{args.attention} ({kernel})'
 
 
+def _matmul_name(args) -> str:
+  """The --matmul choice, with what it resolves to (and the BLAS library) here."""
+  resolved = blas.resolve_matmul(args.matmul, dtype=DTYPES[args.dtype])
+  if resolved == 'blas':
+    resolved = f'blas: {blas.load().name}'
+  return args.matmul if resolved == args.matmul else f'{args.matmul} ({resolved})'
+
+
 def _int_list(text: str) -> list[int]:
   return [int(x) for x in text.split(',') if x]
 
@@ -864,6 +879,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help='dense peak TFLOP/s of one device for MFU (default: known devices)')
   parser.add_argument('--attention', default='auto', choices=ATTENTION_IMPLEMENTATIONS,
                       help="attention kernel; 'auto' picks the backend's fastest")
+  parser.add_argument('--matmul', default='auto', choices=blas.MATMUL_IMPLEMENTATIONS,
+                      help="float32 Dense products: XLA's kernels, a BLAS (MKL/OpenBLAS), "
+                      "or 'auto' (MKL on Intel CPUs)")
   parser.add_argument('--num-layers', type=int, help='override the model\'s depth')
   parser.add_argument('--scan-layers', action='store_true')
   parser.add_argument('--remat', action='store_true')
@@ -917,7 +935,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
     report = benchmark_vit(args)
     text = format_vit(report)
     title = (f'{args.model} {args.mode} | batch {args.batch} | {args.resolution}px | '
-             f'{args.dtype} | attention {_attention_name(args)}'
+             f'{args.dtype} | attention {_attention_name(args)} | matmul {_matmul_name(args)}'
              + (' | scan' if args.scan_layers else '') + (' | remat' if args.remat else '')
              + (' | tuned malloc' if args.tune_malloc else ''))
   if args.xla_option:

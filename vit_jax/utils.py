@@ -8,6 +8,8 @@ from typing import Any, Callable
 import jax
 from jax.extend import core as jex_core
 
+from vit_jax.kernels import blas
+
 
 def _dot_general_flops(eqn) -> int:
   lhs, rhs = (v.aval.shape for v in eqn.invars)
@@ -25,6 +27,14 @@ def _conv_flops(eqn) -> int:
   rhs_spec = eqn.params['dimension_numbers'].rhs_spec  # (out_ch, in_ch, *spatial)
   per_output = math.prod(kernel[d] for d in rhs_spec[1:])  # in_ch/groups * kh * kw
   return math.prod(out) * per_output
+
+
+def _blas_gemm_flops(eqn) -> int:
+  """A `vit_jax.kernels.blas` product: out (M, N), op(a) (M, K)."""
+  a_shape = eqn.invars[0].aval.shape
+  transpose_a = dict(eqn.params['attributes'])['transpose_a']
+  contract = a_shape[0] if transpose_a else a_shape[1]
+  return math.prod(eqn.outvars[0].aval.shape) * contract
 
 
 def _sub_jaxprs(value: Any):
@@ -45,6 +55,8 @@ def _jaxpr_flops(jaxpr) -> int:
       total += _dot_general_flops(eqn)
     elif name == 'conv_general_dilated':
       total += _conv_flops(eqn)
+    elif name == 'ffi_call' and eqn.params['target_name'] == blas.GEMM_TARGET:
+      total += _blas_gemm_flops(eqn)
     elif name == 'cond':
       total += max(_jaxpr_flops(j) for j in _sub_jaxprs(eqn.params['branches']))
     else:
@@ -55,6 +67,8 @@ def _jaxpr_flops(jaxpr) -> int:
 
 def count_flops(fn: Callable, *args, **kwargs) -> int:
   """Multiply-adds of all matrix products and convolutions in `fn(*args, **kwargs)`.
+
+  Products on the BLAS (`vit_jax.kernels.blas`) count like XLA's.
 
   One multiply-add counts as one FLOP (fvcore's convention). Counted on the
   traced jaxpr, so nothing runs; `args` may be arrays or `jax.ShapeDtypeStruct`s.

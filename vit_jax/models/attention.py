@@ -15,6 +15,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax.kernels import blas
 from vit_jax.models import partitioning
 
 Array = jax.Array
@@ -334,6 +335,7 @@ class MultiHeadDotProductAttention(nn.Module):
   implementation: str = 'auto'  # 'auto', 'fused', 'plain' or 'chunked' (see the top).
   attention_chunk_size: int = 512  # Keys per step of the 'chunked' implementation.
   decode: bool = False  # Autoregressive decoding with a key/value cache.
+  matmul: str = 'auto'  # Projections: 'auto', 'xla' or 'blas' (see vit_jax.kernels.blas).
   dtype: Dtype = jnp.float32  # Compute dtype.
   param_dtype: Dtype = jnp.float32
   kernel_init: Callable = nn.initializers.xavier_uniform()
@@ -369,12 +371,13 @@ class MultiHeadDotProductAttention(nn.Module):
           f'{self.num_heads}; pick a hidden size that is a multiple of the '
           'number of heads.')
     head_dim = features // self.num_heads
+    dot_general = blas.dot_general_for(self.matmul, self.dtype)
 
     # Logical axis names: tensor parallelism splits 'heads' (vit_jax.train.mesh).
     def projection(name):
       return nn.DenseGeneral(
           features=(self.num_heads, head_dim), use_bias=self.use_bias,
-          dtype=self.dtype, param_dtype=self.param_dtype,
+          dtype=self.dtype, param_dtype=self.param_dtype, dot_general=dot_general,
           kernel_init=partitioning.logical(self.kernel_init, ('embed', 'heads', 'head_dim')),
           bias_init=partitioning.logical(self.bias_init, ('heads', 'head_dim')),
           name=name)
@@ -412,6 +415,7 @@ class MultiHeadDotProductAttention(nn.Module):
     out = nn.DenseGeneral(
         features=self.out_features or inputs_q.shape[-1], axis=(-2, -1),
         use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
+        dot_general=dot_general,
         kernel_init=partitioning.logical(self.kernel_init, ('heads', 'head_dim', 'embed')),
         bias_init=partitioning.logical(self.bias_init, ('embed',)),
         name='out')(out)  # (B, T, D_out)

@@ -1,0 +1,143 @@
+"""The BLAS path of the Dense layers (vit_jax.kernels.blas): same results as XLA."""
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vit_jax import models
+from vit_jax.kernels import blas
+from vit_jax.utils import count_flops
+
+try:
+  BLAS = blas.load()
+except blas.KernelUnavailable as error:  # No compiler or no BLAS on this machine.
+  pytest.skip(f'BLAS kernels unavailable: {error}', allow_module_level=True)
+
+RNG = np.random.default_rng(0)
+
+
+def _random(*shape):
+  return jnp.asarray(RNG.standard_normal(shape, np.float32))
+
+
+def _ffi_calls(fn, *args) -> int:
+  return str(jax.make_jaxpr(fn)(*args)).count(blas.GEMM_TARGET)
+
+
+def test_matmul_and_its_gradients_match_xla():
+  a, b = _random(37, 19), _random(19, 23)
+  np.testing.assert_allclose(jax.jit(blas.matmul)(a, b), a @ b, rtol=1e-5, atol=1e-5)
+  loss = lambda f: (lambda a, b: jnp.sum(jnp.sin(f(a, b))))  # noqa: E731
+  ours = jax.jit(jax.grad(loss(blas.matmul), argnums=(0, 1)))(a, b)
+  ref = jax.grad(loss(jnp.matmul), argnums=(0, 1))(a, b)
+  for got, want in zip(ours, ref):
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+  # The backward pass reads the transposes in place: two more BLAS calls, no XLA dot.
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss(blas.matmul), argnums=(0, 1)))(a, b))
+  assert jaxpr.count(blas.GEMM_TARGET) == 3 and 'dot_general' not in jaxpr
+
+
+def test_dot_general_handles_dense_general_products():
+  # DenseGeneral of the attention output: (B, T, N, H) x (N, H, D) over (N, H).
+  x, kernel = _random(2, 5, 3, 4), _random(3, 4, 6)
+  dims = (((2, 3), (0, 1)), ((), ()))
+  got = jax.jit(lambda x, k: blas.dot_general(x, k, dims))(x, kernel)
+  np.testing.assert_allclose(got, jax.lax.dot_general(x, kernel, dims), rtol=1e-5, atol=1e-5)
+  assert got.shape == (2, 5, 6)
+  assert _ffi_calls(lambda x, k: blas.dot_general(x, k, dims), x, kernel) == 1
+
+
+@pytest.mark.parametrize('case', ['batch dims', 'bfloat16', 'leading contraction'])
+def test_dot_general_leaves_other_products_to_xla(case):
+  if case == 'batch dims':
+    lhs, rhs, dims = _random(2, 3, 4), _random(2, 4, 5), (((2,), (1,)), ((0,), (0,)))
+  elif case == 'bfloat16':
+    lhs, rhs, dims = _random(3, 4).astype(jnp.bfloat16), _random(4, 5), (((1,), (0,)), ((), ()))
+  else:
+    lhs, rhs, dims = _random(4, 3), _random(4, 5), (((0,), (0,)), ((), ()))
+  fn = lambda a, b: blas.dot_general(a, b, dims)  # noqa: E731
+  assert _ffi_calls(fn, lhs, rhs) == 0
+  np.testing.assert_array_equal(fn(lhs, rhs), jax.lax.dot_general(lhs, rhs, dims))
+
+
+@pytest.mark.parametrize('scan_layers', [False, True])
+def test_vit_with_blas_matches_xla_forward_and_gradients(scan_layers):
+  xla = models.get_model('ViT-testing', num_classes=5, matmul='xla', scan_layers=scan_layers,
+                         representation_size=8)
+  ours = xla.clone(matmul='blas')
+  images = _random(2, 16, 16, 3)
+  params = xla.init(jax.random.PRNGKey(0), images)['params']
+  params['head']['kernel'] = _random(*params['head']['kernel'].shape)
+
+  def loss(model):
+    return lambda p: jnp.sum(model.apply({'params': p}, images, train=True) ** 2)
+
+  np.testing.assert_allclose(ours.apply({'params': params}, images),
+                             xla.apply({'params': params}, images), rtol=1e-4, atol=1e-4)
+  got, want = jax.jit(jax.grad(loss(ours)))(params), jax.jit(jax.grad(loss(xla)))(params)
+  for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4, err_msg=str(path))
+  # Every Dense product ran on the BLAS (q, k, v, out, 2 MLP per layer + pre_logits, head).
+  calls = _ffi_calls(loss(ours), params)
+  assert calls == 6 * (1 if scan_layers else xla.num_layers) + 2
+
+
+def test_flops_of_blas_products_count_like_xla():
+  model = models.get_model('ViT-testing', num_classes=5, matmul='xla')
+  images = jnp.zeros((2, 16, 16, 3))
+  params = model.init(jax.random.PRNGKey(0), images)['params']
+
+  def grad_fn(m):
+    return jax.grad(lambda p: jnp.sum(m.apply({'params': p}, images)))
+
+  assert count_flops(grad_fn(model.clone(matmul='blas')), params) == count_flops(
+      grad_fn(model), params) > 0
+
+
+def test_resolve_matmul():
+  assert blas.resolve_matmul('xla') == 'xla'
+  assert blas.resolve_matmul('blas') == 'blas'
+  assert blas.resolve_matmul('auto', dtype=jnp.bfloat16) == 'xla'
+  with pytest.raises(ValueError, match="Unknown matmul implementation 'mkl'"):
+    blas.resolve_matmul('mkl')
+  with pytest.raises(ValueError, match='Unknown matmul'):
+    models.get_model('ViT-testing', num_classes=2, matmul='fast').init(
+        jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)))
+
+
+def test_without_a_blas_auto_falls_back_and_blas_says_why(tmp_path):
+  """A fresh process that finds no BLAS: 'auto' runs XLA, 'blas' names the problem."""
+  script = (
+      'import jax.numpy as jnp\n'
+      'from vit_jax import models\n'
+      'from vit_jax.kernels import blas\n'
+      "print('auto ->', blas.resolve_matmul('auto'))\n"
+      "model = models.get_model('ViT-testing', num_classes=2)\n"
+      'model.init(__import__("jax").random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)))\n'
+      'try:\n'
+      "  blas.resolve_matmul('blas')\n"
+      'except blas.KernelUnavailable as error:\n'
+      "  print('blas ->', error)\n")
+  env = {**os.environ, 'VIT_JAX_BLAS': str(tmp_path / 'libnothing.so'),
+         'VIT_JAX_CACHE': str(tmp_path / 'cache')}
+  out = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  assert 'auto -> xla' in out.stdout
+  assert 'blas -> No ILP64 CBLAS found' in out.stdout and 'libnothing.so' in out.stdout
+  assert "pip install 'vit_jax[mkl]'" in out.stdout
+
+
+def test_a_failed_build_is_reported(tmp_path, monkeypatch):
+  monkeypatch.setenv('CXX', 'false')
+  monkeypatch.setenv('VIT_JAX_CACHE', str(tmp_path))
+  source = tmp_path / 'kernel.cc'
+  source.write_text('int f() { return 0; }\n')
+  with pytest.raises(blas.KernelUnavailable, match=r'Building the BLAS kernels failed \(false\)'):
+    blas._build([str(source)])
+  assert not list((tmp_path / 'kernels').iterdir())  # No half-written library left.

@@ -1,0 +1,1 @@
+"""Native CPU kernels called from XLA through its FFI (built on first use)."""

@@ -1,0 +1,255 @@
+"""Float32 matrix products on a CPU BLAS (MKL or OpenBLAS), called from XLA:CPU.
+
+XLA:CPU multiplies float32 matrices with its own kernels (YNNPACK, Eigen). On
+Intel CPUs MKL is faster on the shapes of ViT layers, and it reads transposed
+operands in place, where XLA copies them before the weight-gradient products.
+This module compiles `gemm.cc` with the system C++ compiler (once per machine and
+jaxlib version, into a cache directory), registers it as an XLA FFI target and
+builds on it:
+
+- `matmul(a, b)`: a 2-D product with its own gradient (no transposed copies);
+- `dot_general`: a drop-in for `lax.dot_general` that Flax `Dense` and
+  `DenseGeneral` accept; products it cannot express fall back to XLA;
+- `resolve_matmul`: what the models' `matmul` option ('auto', 'xla', 'blas')
+  means on this machine.
+
+The BLAS is MKL's `libmkl_rt` where installed (`pip install 'vit_jax[mkl]'`),
+else the OpenBLAS inside NumPy's wheels; `VIT_JAX_BLAS=/path/to/libmkl_rt.so`
+(or another ILP64 CBLAS) chooses one. `VIT_JAX_CACHE` moves the cache
+(default `~/.cache/vit_jax`).
+"""
+
+import ctypes
+import ctypes.util
+import functools
+import glob
+import hashlib
+import math
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+MATMUL_IMPLEMENTATIONS = ('auto', 'xla', 'blas')
+SOURCES = ('gemm.cc',)
+GEMM_TARGET = 'vit_jax_gemm_f32'
+
+
+class KernelUnavailable(RuntimeError):
+  """The BLAS kernels cannot be used here; the message says why and what to do."""
+
+
+class Blas(NamedTuple):
+  name: str  # 'mkl' or 'openblas'.
+  path: str  # The shared library.
+  sgemm_symbol: str  # Its ILP64 CBLAS sgemm.
+
+
+def _blas_candidates() -> list[Blas]:
+  """Libraries to try, best first: VIT_JAX_BLAS, MKL, NumPy's OpenBLAS."""
+  chosen = os.environ.get('VIT_JAX_BLAS')
+  if chosen:
+    name = 'mkl' if 'mkl' in os.path.basename(chosen) else 'openblas'
+    symbol = 'cblas_sgemm_64' if name == 'mkl' else 'scipy_cblas_sgemm64_'
+    return [Blas(name, chosen, symbol)]
+  candidates = []
+  for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
+    for path in sorted(glob.glob(os.path.join(prefix, 'lib', 'libmkl_rt.so*'))):
+      candidates.append(Blas('mkl', path, 'cblas_sgemm_64'))
+  system_mkl = ctypes.util.find_library('mkl_rt')
+  if system_mkl:
+    candidates.append(Blas('mkl', system_mkl, 'cblas_sgemm_64'))
+  numpy_libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), 'numpy.libs')
+  for path in sorted(glob.glob(os.path.join(numpy_libs, 'libscipy_openblas64_*.so'))):
+    candidates.append(Blas('openblas', path, 'scipy_cblas_sgemm64_'))
+  return candidates
+
+
+def _find_blas() -> tuple[Blas, ctypes.CDLL]:
+  tried = []
+  for blas in _blas_candidates():
+    try:
+      library = ctypes.CDLL(blas.path)
+      getattr(library, blas.sgemm_symbol)
+      return blas, library
+    except (OSError, AttributeError) as error:
+      tried.append(f'{blas.path}: {error}')
+  raise KernelUnavailable(
+      'No ILP64 CBLAS found (tried: ' + ('; '.join(tried) or 'nothing to try') + '). '
+      "Install MKL with `pip install 'vit_jax[mkl]'`, point VIT_JAX_BLAS at an MKL "
+      "libmkl_rt.so, or use matmul='xla'.")
+
+
+def _cpu_signature() -> str:
+  """What -march=native depends on: the CPU model and its flags."""
+  try:
+    with open('/proc/cpuinfo') as f:
+      lines = [line for line in f if line.startswith(('model name', 'flags'))][:2]
+  except OSError:
+    lines = []
+  return platform.machine() + ''.join(lines)
+
+
+def _build(sources: list[str]) -> str:
+  """Compiles `sources` into a shared library in the cache; returns its path."""
+  compiler = os.environ.get('CXX') or shutil.which('c++') or shutil.which('g++')
+  if compiler is None:
+    raise KernelUnavailable(
+        'No C++ compiler found to build the BLAS kernels (looked for $CXX, c++, g++). '
+        "Install one (e.g. `apt install g++`) or use matmul='xla'.")
+  flags = ['-O3', '-march=native', '-std=c++17', '-shared', '-fPIC',
+           '-I', jax.ffi.include_dir()]
+  digest = hashlib.sha256()
+  for part in (*(open(s, 'rb').read() for s in sources), ' '.join(flags).encode(),
+               jax.__version__.encode(), _cpu_signature().encode()):
+    digest.update(part)
+  cache = os.environ.get('VIT_JAX_CACHE', os.path.expanduser('~/.cache/vit_jax'))
+  target = os.path.join(cache, 'kernels', f'vit_jax_cpu_{digest.hexdigest()[:16]}.so')
+  if os.path.exists(target):
+    return target
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  # Build beside the target and rename: concurrent processes never see half a file.
+  fd, partial = tempfile.mkstemp(suffix='.so', dir=os.path.dirname(target))
+  os.close(fd)
+  try:
+    result = subprocess.run([compiler, *flags, *sources, '-o', partial],
+                            capture_output=True, text=True)
+    if result.returncode:
+      raise KernelUnavailable(f'Building the BLAS kernels failed ({compiler}):\n'
+                              f'{result.stderr[-3000:]}')
+    os.replace(partial, target)
+  finally:
+    if os.path.exists(partial):
+      os.remove(partial)
+  return target
+
+
+@functools.cache
+def _load() -> tuple[Blas | None, str | None]:
+  """Builds, loads and registers the kernels once; (blas, None) or (None, why not)."""
+  try:
+    blas, blas_library = _find_blas()
+    here = os.path.dirname(os.path.abspath(__file__))
+    kernels = ctypes.CDLL(_build([os.path.join(here, s) for s in SOURCES]))
+    kernels.vit_jax_set_sgemm(ctypes.cast(getattr(blas_library, blas.sgemm_symbol),
+                                          ctypes.c_void_p))
+    jax.ffi.register_ffi_target(GEMM_TARGET, jax.ffi.pycapsule(kernels.VitJaxGemmF32),
+                                platform='cpu')
+    _LIBRARIES.extend([blas_library, kernels])  # Keep both loaded for the process.
+    return blas, None
+  except KernelUnavailable as error:
+    return None, str(error)
+
+
+_LIBRARIES: list[ctypes.CDLL] = []
+
+
+def load() -> Blas:
+  """The BLAS the kernels call, after building and registering them if needed.
+
+  Raises:
+    KernelUnavailable: no compiler, no BLAS, or the build failed (the message says).
+  """
+  blas, reason = _load()
+  if blas is None:
+    raise KernelUnavailable(reason)
+  return blas
+
+
+def _intel_cpu() -> bool:
+  try:
+    with open('/proc/cpuinfo') as f:
+      return any(line.startswith('vendor_id') and 'GenuineIntel' in line for line in f)
+  except OSError:
+    return False
+
+
+def resolve_matmul(matmul: str, *, dtype=jnp.float32) -> str:
+  """'xla' or 'blas': what the option `matmul` runs here for `dtype` inputs.
+
+  'auto' is 'blas' where it was measured faster than XLA: float32 on a single
+  Intel CPU device with MKL installed. Elsewhere (other CPUs, OpenBLAS, several
+  devices, where the FFI call would not be partitioned, GPUs, bfloat16) it is
+  'xla'. 'blas' insists, and raises `KernelUnavailable` if it cannot run.
+  """
+  if matmul not in MATMUL_IMPLEMENTATIONS:
+    raise ValueError(f'Unknown matmul implementation {matmul!r}; choose one of '
+                     f'{MATMUL_IMPLEMENTATIONS}.')
+  if matmul == 'blas':
+    load()
+    return 'blas'
+  if matmul == 'xla' or jnp.dtype(dtype) != jnp.float32:
+    return 'xla'
+  if jax.default_backend() != 'cpu' or jax.device_count() != 1 or not _intel_cpu():
+    return 'xla'
+  blas, _ = _load()
+  return 'blas' if blas is not None and blas.name == 'mkl' else 'xla'
+
+
+def _gemm(a: jax.Array, b: jax.Array, transpose_a: bool = False,
+          transpose_b: bool = False) -> jax.Array:
+  rows = a.shape[1] if transpose_a else a.shape[0]
+  cols = b.shape[0] if transpose_b else b.shape[1]
+  call = jax.ffi.ffi_call(GEMM_TARGET, jax.ShapeDtypeStruct((rows, cols), jnp.float32),
+                          vmap_method='sequential')
+  return call(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+
+
+@jax.custom_vjp
+def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
+  """a (M, K) @ b (K, N) in float32 on the BLAS; reverse-mode differentiable."""
+  return _gemm(a, b)
+
+
+def _matmul_fwd(a, b):
+  return _gemm(a, b), (a, b)
+
+
+def _matmul_bwd(residuals, grad):
+  a, b = residuals
+  # d a = grad (M, N) @ b^T;  d b = a^T @ grad (K, N). The BLAS reads the transposes.
+  return _gemm(grad, b, transpose_b=True), _gemm(a, grad, transpose_a=True)
+
+
+matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
+def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
+                preferred_element_type=None, **kwargs) -> jax.Array:
+  """`lax.dot_general` that sends float32 'flatten and multiply' products to the BLAS.
+
+  Handled: no batch dimensions, the contracted dimensions are the trailing ones
+  of `lhs` and the leading ones of `rhs`, in order (every Dense/DenseGeneral in
+  the vit_jax models). Anything else goes to `lax.dot_general` unchanged.
+  """
+  (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+  lhs_contract, rhs_contract = tuple(lhs_contract), tuple(rhs_contract)
+  count = len(lhs_contract)
+  handled = (
+      not lhs_batch and not rhs_batch and not kwargs
+      and lhs.dtype == jnp.float32 and rhs.dtype == jnp.float32
+      and preferred_element_type in (None, jnp.float32)
+      and lhs_contract == tuple(range(lhs.ndim - count, lhs.ndim))
+      and rhs_contract == tuple(range(count)))
+  if not handled:
+    return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
+                           preferred_element_type=preferred_element_type, **kwargs)
+  contracted = math.prod(rhs.shape[:count])
+  out = matmul(lhs.reshape(-1, contracted), rhs.reshape(contracted, -1))
+  return out.reshape(lhs.shape[:lhs.ndim - count] + rhs.shape[count:])
+
+
+def dot_general_for(matmul_impl: str, dtype=jnp.float32):
+  """The `dot_general` a Flax layer should use for the option `matmul_impl`.
+
+  None means XLA's (Flax's default).
+  """
+  return dot_general if resolve_matmul(matmul_impl, dtype=dtype) == 'blas' else None
