@@ -834,7 +834,7 @@ def format_compile_depth(report: dict) -> str:
 
 def _attention_name(args) -> str:
   """The --attention choice, with the kernel it resolves to when that differs."""
-  kernel = resolve_attention_impl(args.attention, dtype=DTYPES[args.dtype])
+  kernel = resolve_attention_impl(args.attention, dtype=DTYPES[args.dtype], matmul=args.matmul)
   return args.attention if kernel == args.attention else f'{args.attention} ({kernel})'
 
 

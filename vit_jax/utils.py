@@ -37,6 +37,14 @@ def _blas_gemm_flops(eqn) -> int:
   return math.prod(eqn.outvars[0].aval.shape) * contract
 
 
+def _blas_attention_flops(eqn) -> int:
+  """`vit_jax.kernels.blas.attention`: q k^T and p v (forward), four products (backward)."""
+  batch, queries, heads, head_dim = eqn.invars[0].aval.shape
+  keys = eqn.invars[1].aval.shape[1]
+  products = 2 if eqn.params['target_name'] == blas.ATTENTION_TARGETS[0] else 4
+  return products * batch * heads * queries * keys * head_dim
+
+
 def _sub_jaxprs(value: Any):
   """The jaxprs held in one equation parameter (a jaxpr, or a tuple of them)."""
   items = value if isinstance(value, (tuple, list)) else (value,)
@@ -57,6 +65,8 @@ def _jaxpr_flops(jaxpr) -> int:
       total += _conv_flops(eqn)
     elif name == 'ffi_call' and eqn.params['target_name'] == blas.GEMM_TARGET:
       total += _blas_gemm_flops(eqn)
+    elif name == 'ffi_call' and eqn.params['target_name'] in blas.ATTENTION_TARGETS:
+      total += _blas_attention_flops(eqn)
     elif name == 'cond':
       total += max(_jaxpr_flops(j) for j in _sub_jaxprs(eqn.params['branches']))
     else:
@@ -68,7 +78,7 @@ def _jaxpr_flops(jaxpr) -> int:
 def count_flops(fn: Callable, *args, **kwargs) -> int:
   """Multiply-adds of all matrix products and convolutions in `fn(*args, **kwargs)`.
 
-  Products on the BLAS (`vit_jax.kernels.blas`) count like XLA's.
+  Products and attention on the BLAS (`vit_jax.kernels.blas`) count like XLA's.
 
   One multiply-add counts as one FLOP (fvcore's convention). Counted on the
   traced jaxpr, so nothing runs; `args` may be arrays or `jax.ShapeDtypeStruct`s.

@@ -1,15 +1,18 @@
-"""Float32 matrix products on a CPU BLAS (MKL or OpenBLAS), called from XLA:CPU.
+"""Float32 matrix products and attention on a CPU BLAS (MKL or OpenBLAS), from XLA:CPU.
 
 XLA:CPU multiplies float32 matrices with its own kernels (YNNPACK, Eigen). On
 Intel CPUs MKL is faster on the shapes of ViT layers, and it reads transposed
-operands in place, where XLA copies them before the weight-gradient products.
-This module compiles `gemm.cc` with the system C++ compiler (once per machine and
-jaxlib version, into a cache directory), registers it as an XLA FFI target and
-builds on it:
+or strided operands in place, where XLA copies them (before the weight-gradient
+products, and into head-major order for attention). This module compiles
+`gemm.cc` and `attention.cc` with the system C++ compiler (once per machine and
+jaxlib version, into a cache directory), registers them as XLA FFI targets and
+builds on them:
 
 - `matmul(a, b)`: a 2-D product with its own gradient (no transposed copies);
 - `dot_general`: a drop-in for `lax.dot_general` that Flax `Dense` and
   `DenseGeneral` accept; products it cannot express fall back to XLA;
+- `attention(q, k, v)`: unmasked multi-head attention on (B, T, N, H) inputs,
+  with its own gradient;
 - `resolve_matmul`: what the models' `matmul` option ('auto', 'xla', 'blas')
   means on this machine.
 
@@ -31,7 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -39,8 +42,10 @@ import numpy as np
 from jax import lax
 
 MATMUL_IMPLEMENTATIONS = ('auto', 'xla', 'blas')
-SOURCES = ('gemm.cc',)
+SOURCES = ('gemm.cc', 'attention.cc')
+HEADERS = ('blas.h',)
 GEMM_TARGET = 'vit_jax_gemm_f32'
+ATTENTION_TARGETS = ('vit_jax_attention_fwd_f32', 'vit_jax_attention_bwd_f32')
 
 
 class KernelUnavailable(RuntimeError):
@@ -51,6 +56,7 @@ class Blas(NamedTuple):
   name: str  # 'mkl' or 'openblas'.
   path: str  # The shared library.
   sgemm_symbol: str  # Its ILP64 CBLAS sgemm.
+  batch_symbol: str | None = None  # Its ILP64 sgemm_batch_strided, if it has one.
 
 
 def _blas_candidates() -> list[Blas]:
@@ -58,15 +64,16 @@ def _blas_candidates() -> list[Blas]:
   chosen = os.environ.get('VIT_JAX_BLAS')
   if chosen:
     name = 'mkl' if 'mkl' in os.path.basename(chosen) else 'openblas'
-    symbol = 'cblas_sgemm_64' if name == 'mkl' else 'scipy_cblas_sgemm64_'
-    return [Blas(name, chosen, symbol)]
+    if name == 'mkl':
+      return [Blas(name, chosen, 'cblas_sgemm_64', 'cblas_sgemm_batch_strided_64')]
+    return [Blas(name, chosen, 'scipy_cblas_sgemm64_')]
   candidates = []
   for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
     for path in sorted(glob.glob(os.path.join(prefix, 'lib', 'libmkl_rt.so*'))):
-      candidates.append(Blas('mkl', path, 'cblas_sgemm_64'))
+      candidates.append(Blas('mkl', path, 'cblas_sgemm_64', 'cblas_sgemm_batch_strided_64'))
   system_mkl = ctypes.util.find_library('mkl_rt')
   if system_mkl:
-    candidates.append(Blas('mkl', system_mkl, 'cblas_sgemm_64'))
+    candidates.append(Blas('mkl', system_mkl, 'cblas_sgemm_64', 'cblas_sgemm_batch_strided_64'))
   numpy_libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), 'numpy.libs')
   for path in sorted(glob.glob(os.path.join(numpy_libs, 'libscipy_openblas64_*.so'))):
     candidates.append(Blas('openblas', path, 'scipy_cblas_sgemm64_'))
@@ -79,6 +86,8 @@ def _find_blas() -> tuple[Blas, ctypes.CDLL]:
     try:
       library = ctypes.CDLL(blas.path)
       getattr(library, blas.sgemm_symbol)
+      if blas.batch_symbol and not hasattr(library, blas.batch_symbol):
+        blas = blas._replace(batch_symbol=None)  # Older MKL: loop over sgemm.
       return blas, library
     except (OSError, AttributeError) as error:
       tried.append(f'{blas.path}: {error}')
@@ -98,7 +107,7 @@ def _cpu_signature() -> str:
   return platform.machine() + ''.join(lines)
 
 
-def _build(sources: list[str]) -> str:
+def _build(sources: list[str], headers: Sequence[str] = ()) -> str:
   """Compiles `sources` into a shared library in the cache; returns its path."""
   compiler = os.environ.get('CXX') or shutil.which('c++') or shutil.which('g++')
   if compiler is None:
@@ -108,7 +117,8 @@ def _build(sources: list[str]) -> str:
   flags = ['-O3', '-march=native', '-std=c++17', '-shared', '-fPIC',
            '-I', jax.ffi.include_dir()]
   digest = hashlib.sha256()
-  for part in (*(open(s, 'rb').read() for s in sources), ' '.join(flags).encode(),
+  files = [*sources, *headers]
+  for part in (*(open(f, 'rb').read() for f in files), ' '.join(flags).encode(),
                jax.__version__.encode(), _cpu_signature().encode()):
     digest.update(part)
   cache = os.environ.get('VIT_JAX_CACHE', os.path.expanduser('~/.cache/vit_jax'))
@@ -138,11 +148,16 @@ def _load() -> tuple[Blas | None, str | None]:
   try:
     blas, blas_library = _find_blas()
     here = os.path.dirname(os.path.abspath(__file__))
-    kernels = ctypes.CDLL(_build([os.path.join(here, s) for s in SOURCES]))
-    kernels.vit_jax_set_sgemm(ctypes.cast(getattr(blas_library, blas.sgemm_symbol),
-                                          ctypes.c_void_p))
-    jax.ffi.register_ffi_target(GEMM_TARGET, jax.ffi.pycapsule(kernels.VitJaxGemmF32),
-                                platform='cpu')
+    kernels = ctypes.CDLL(_build([os.path.join(here, s) for s in SOURCES],
+                                 [os.path.join(here, h) for h in HEADERS]))
+    pointer = lambda symbol: ctypes.cast(  # noqa: E731
+        getattr(blas_library, symbol) if symbol else None, ctypes.c_void_p)
+    kernels.vit_jax_set_blas(pointer(blas.sgemm_symbol), pointer(blas.batch_symbol))
+    handlers = {GEMM_TARGET: kernels.VitJaxGemmF32,
+                ATTENTION_TARGETS[0]: kernels.VitJaxAttentionForwardF32,
+                ATTENTION_TARGETS[1]: kernels.VitJaxAttentionBackwardF32}
+    for target, handler in handlers.items():
+      jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform='cpu')
     _LIBRARIES.extend([blas_library, kernels])  # Keep both loaded for the process.
     return blas, None
   except KernelUnavailable as error:
@@ -245,6 +260,41 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=Non
   contracted = math.prod(rhs.shape[:count])
   out = matmul(lhs.reshape(-1, contracted), rhs.reshape(contracted, -1))
   return out.reshape(lhs.shape[:lhs.ndim - count] + rhs.shape[count:])
+
+
+def _attention_forward(query, key, value):
+  batch, queries, heads, _ = query.shape
+  shapes = (jax.ShapeDtypeStruct(query.shape, jnp.float32),
+            jax.ShapeDtypeStruct((batch, heads, queries, key.shape[1]), jnp.float32))
+  call = jax.ffi.ffi_call(ATTENTION_TARGETS[0], shapes, vmap_method='sequential')
+  return call(query, key, value, scale=np.float32(query.shape[-1] ** -0.5))
+
+
+@jax.custom_vjp
+def attention(query: jax.Array, key: jax.Array, value: jax.Array) -> jax.Array:
+  """softmax(q k^T / sqrt(H)) v per head, unmasked, float32, on the BLAS.
+
+  query (B, T, N, H), key and value (B, S, N, H) -> (B, T, N, H). The forward
+  pass keeps the weights (B, N, T, S) for the backward pass: memory grows with
+  T * S, like `plain_attention`'s.
+  """
+  return _attention_forward(query, key, value)[0]
+
+
+def _attention_fwd(query, key, value):
+  out, probs = _attention_forward(query, key, value)
+  return out, (query, key, value, probs)
+
+
+def _attention_bwd(residuals, d_out):
+  query, key, value, probs = residuals
+  shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (query, key, value))
+  call = jax.ffi.ffi_call(ATTENTION_TARGETS[1], shapes, vmap_method='sequential')
+  return tuple(call(query, key, value, probs, d_out.astype(jnp.float32),
+                    scale=np.float32(query.shape[-1] ** -0.5)))
+
+
+attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def dot_general_for(matmul_impl: str, dtype=jnp.float32):

@@ -1,26 +1,19 @@
-// Float32 matrix product for XLA:CPU through the XLA FFI, computed by a CBLAS
-// sgemm (MKL or OpenBLAS) that Python hands over as a function pointer.
-// Either operand may be read transposed, so the backward pass needs no copies.
+// Float32 matrix product for XLA:CPU through the XLA FFI, computed by the
+// CBLAS sgemm (MKL or OpenBLAS) that Python registers. Either operand may be
+// read transposed, so the backward pass needs no transposed copies.
 #include <cstdint>
 
+#include "blas.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
-// ILP64 CBLAS sgemm: (layout, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb,
-// beta, c, ldc).
-using Sgemm = void (*)(int, int, int, int64_t, int64_t, int64_t, float,
-                       const float*, int64_t, const float*, int64_t, float,
-                       float*, int64_t);
-constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+namespace vit_jax {
+
+Sgemm sgemm = nullptr;
+SgemmBatchStrided sgemm_batch_strided = nullptr;
 
 using Matrix = ffi::Buffer<ffi::F32, 2>;
-
-static Sgemm sgemm = nullptr;
-
-extern "C" void vit_jax_set_sgemm(void* fn) {
-  sgemm = reinterpret_cast<Sgemm>(fn);
-}
 
 // out (M, N) = op(a) @ op(b); op(a) is (M, K), op(b) is (K, N).
 static ffi::Error Gemm(Matrix a, Matrix b, ffi::Result<Matrix> out,
@@ -41,10 +34,18 @@ static ffi::Error Gemm(Matrix a, Matrix b, ffi::Result<Matrix> out,
   return ffi::Error::Success();
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxGemmF32, Gemm,
+}  // namespace vit_jax
+
+extern "C" void vit_jax_set_blas(void* sgemm, void* sgemm_batch_strided) {
+  vit_jax::sgemm = reinterpret_cast<vit_jax::Sgemm>(sgemm);
+  vit_jax::sgemm_batch_strided =
+      reinterpret_cast<vit_jax::SgemmBatchStrided>(sgemm_batch_strided);
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxGemmF32, vit_jax::Gemm,
                               ffi::Ffi::Bind()
-                                  .Arg<Matrix>()
-                                  .Arg<Matrix>()
-                                  .Ret<Matrix>()
+                                  .Arg<vit_jax::Matrix>()
+                                  .Arg<vit_jax::Matrix>()
+                                  .Ret<vit_jax::Matrix>()
                                   .Attr<bool>("transpose_a")
                                   .Attr<bool>("transpose_b"));

@@ -4,9 +4,10 @@ Shapes use these letters: B batch, T query length, S key/value length,
 N heads, H head_dim, D model width.
 
 The module's `implementation` picks the kernel: 'fused' (`jax.nn.dot_product_attention`,
-XLA), 'plain' (returns and sows the weights), 'chunked' (memory linear in S), or
-'auto' (the default), which `resolve_attention_impl` turns into the fastest kernel
-for the backend and dtype at trace time.
+XLA), 'plain' (returns and sows the weights), 'chunked' (memory linear in S), 'blas'
+(`vit_jax.kernels.blas.attention`, on MKL; unmasked float32 calls only, the others
+run 'head_major'), or 'auto' (the default), which `resolve_attention_impl` turns into
+the fastest kernel for the backend, dtype and `matmul` option at trace time.
 """
 
 from typing import Any, Callable
@@ -21,25 +22,28 @@ from vit_jax.models import partitioning
 Array = jax.Array
 Dtype = Any
 
-ATTENTION_IMPLEMENTATIONS = ('auto', 'fused', 'plain', 'chunked')
+ATTENTION_IMPLEMENTATIONS = ('auto', 'fused', 'plain', 'chunked', 'blas')
 # Cache entries of cross-attention while decoding: the projected keys/values of the
 # encoder output, the same at every step (and for every beam of one example).
 CROSS_ATTENTION_CACHE = ('cross_key', 'cross_value')
 
 
 def resolve_attention_impl(implementation: str, *, backend: str | None = None,
-                           dtype: Dtype = jnp.float32) -> str:
+                           dtype: Dtype = jnp.float32, matmul: str = 'auto') -> str:
   """The kernel that `implementation` runs on `backend` for inputs of `dtype`.
 
   'auto' becomes 'cudnn' (cuDNN flash attention through
-  `jax.nn.dot_product_attention`) on GPUs for float16/bfloat16, 'head_major'
-  (`head_major_attention`, the fastest formulation on XLA:CPU) on CPUs, and
-  'fused' (XLA) otherwise. Other implementations stay as they are.
+  `jax.nn.dot_product_attention`) on GPUs for float16/bfloat16; on CPUs 'blas'
+  where the `matmul` option resolves to the BLAS for float32
+  (`vit_jax.kernels.blas.resolve_matmul`: MKL on Intel CPUs), else 'head_major'
+  (`head_major_attention`, the fastest formulation on XLA:CPU); and 'fused'
+  (XLA) otherwise. Other implementations stay as they are.
 
   Args:
     implementation: one of `ATTENTION_IMPLEMENTATIONS`.
     backend: 'cpu', 'gpu', 'tpu', ...; default: `jax.default_backend()`.
     dtype: the dtype of the queries and keys.
+    matmul: the model's `matmul` option ('auto', 'xla', 'blas').
   """
   if implementation not in ATTENTION_IMPLEMENTATIONS:
     raise ValueError(f'Unknown attention implementation {implementation!r}; '
@@ -48,7 +52,9 @@ def resolve_attention_impl(implementation: str, *, backend: str | None = None,
     return implementation
   backend = backend or jax.default_backend()
   if backend == 'cpu':
-    return 'head_major'
+    on_blas = (jnp.dtype(dtype) == jnp.float32
+               and blas.resolve_matmul(matmul, dtype=dtype) == 'blas')
+    return 'blas' if on_blas else 'head_major'
   if backend == 'gpu' and jnp.dtype(dtype) in (jnp.float16, jnp.bfloat16):
     return 'cudnn'
   return 'fused'
@@ -332,7 +338,7 @@ class MultiHeadDotProductAttention(nn.Module):
   out_features: int | None = None  # Output width; default: input width.
   dropout_rate: float = 0.0  # Dropout on the attention weights (plain path).
   use_bias: bool = True
-  implementation: str = 'auto'  # 'auto', 'fused', 'plain' or 'chunked' (see the top).
+  implementation: str = 'auto'  # 'auto', 'fused', 'plain', 'chunked' or 'blas' (see the top).
   attention_chunk_size: int = 512  # Keys per step of the 'chunked' implementation.
   decode: bool = False  # Autoregressive decoding with a key/value cache.
   matmul: str = 'auto'  # Projections: 'auto', 'xla' or 'blas' (see vit_jax.kernels.blas).
@@ -383,7 +389,8 @@ class MultiHeadDotProductAttention(nn.Module):
           name=name)
 
     query = projection('query')(inputs_q)  # (B, T, N, H)
-    kernel = resolve_attention_impl(self.implementation, dtype=query.dtype)
+    kernel = resolve_attention_impl(self.implementation, dtype=query.dtype,
+                                    matmul=self.matmul)
     if self.decode and not self_attention:
       key, value = self._cross_attention_cache(inputs_kv, projection)
     else:
@@ -407,7 +414,9 @@ class MultiHeadDotProductAttention(nn.Module):
       self.sow('intermediates', 'attention_weights', weights)
     elif kernel == 'chunked':
       out = chunked_attention(query, key, value, mask, chunk_size=self.attention_chunk_size)
-    elif kernel == 'head_major':
+    elif kernel == 'blas' and mask is None and query.dtype == jnp.float32:
+      out = blas.attention(query, key, value)
+    elif kernel in ('head_major', 'blas'):
       out = head_major_attention(query, key, value, mask)
     else:
       out = fused_attention(query, key, value, mask, cudnn=kernel == 'cudnn')
