@@ -2,12 +2,18 @@
 //
 // q (B, T, N, H), k and v (B, S, N, H) stay in the layout the projections
 // produce: head n of example b is a (T, H) matrix with row stride N*H, which
-// the BLAS reads in place, so no transposes to head-major order are needed.
+// the BLAS reads and writes in place, so nothing is transposed to head-major
+// order. The B*N (example, head) pairs are spread over XLA's intra-op thread
+// pool, each computed by single-threaded BLAS calls with its weights in cache.
 // The forward pass also returns the attention weights P (B, N, T, S), which
 // the backward pass reuses instead of recomputing the softmax.
 #include <algorithm>
-#include <cmath>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #include "blas.h"
@@ -16,16 +22,20 @@
 namespace ffi = xla::ffi;
 
 namespace vit_jax {
+namespace {
 
 using Tensor4 = ffi::Buffer<ffi::F32, 4>;
 
 struct Dims {
   int64_t batch, queries, keys, heads, head_dim;
   int64_t row() const { return heads * head_dim; }  // Row stride of q, k, v.
+  // Offsets of head n of example b in q/out, in k/v, and in P.
+  int64_t q_at(int64_t b, int64_t n) const { return b * queries * row() + n * head_dim; }
+  int64_t kv_at(int64_t b, int64_t n) const { return b * keys * row() + n * head_dim; }
+  int64_t p_at(int64_t b, int64_t n) const { return (b * heads + n) * queries * keys; }
 };
 
-static bool GetDims(const Tensor4& q, const Tensor4& k, const Tensor4& v,
-                    Dims* dims) {
+bool GetDims(const Tensor4& q, const Tensor4& k, const Tensor4& v, Dims* dims) {
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   *dims = {qd[0], qd[1], kd[1], qd[2], qd[3]};
   for (int i : {0, 2, 3}) {
@@ -34,92 +44,174 @@ static bool GetDims(const Tensor4& q, const Tensor4& k, const Tensor4& v,
   return kd[1] == vd[1];
 }
 
-// Rows of `logits` (rows, length) -> softmax, in place.
-static void Softmax(float* logits, int64_t rows, int64_t length) {
+// exp(x) for x <= 0 (softmax after subtracting the row maximum): 2^n * p(r)
+// with a degree-6 polynomial (Cephes' expf, ~1 ulp), written so that the
+// compiler vectorises the loops that call it.
+inline float ExpNonPositive(float x) {
+  x = std::max(x, -87.0f);
+  const float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// Reductions over a row in kLanes independent partial results, which the
+// compiler vectorises without reassociating float additions.
+constexpr int kLanes = 16;
+
+template <typename Step>
+float Reduce(int64_t length, float init, Step step) {
+  float acc[kLanes];
+  std::fill(acc, acc + kLanes, init);
+  int64_t i = 0;
+  for (; i + kLanes <= length; i += kLanes) {
+    for (int lane = 0; lane < kLanes; ++lane) acc[lane] = step(acc[lane], i + lane);
+  }
+  for (; i < length; ++i) acc[0] = step(acc[0], i);
+  float result = acc[0];
+  for (int lane = 1; lane < kLanes; ++lane) {
+    result = step.combine(result, acc[lane]);
+  }
+  return result;
+}
+
+struct MaxOf {
+  const float* x;
+  float operator()(float acc, int64_t i) const { return std::max(acc, x[i]); }
+  float combine(float a, float b) const { return std::max(a, b); }
+};
+
+struct DotOf {
+  const float* x;
+  const float* y;
+  float operator()(float acc, int64_t i) const { return acc + x[i] * y[i]; }
+  float combine(float a, float b) const { return a + b; }
+};
+
+struct SumOf {
+  const float* x;
+  float operator()(float acc, int64_t i) const { return acc + x[i]; }
+  float combine(float a, float b) const { return a + b; }
+};
+
+void SoftmaxRows(float* logits, int64_t rows, int64_t length) {
   for (int64_t r = 0; r < rows; ++r) {
     float* row = logits + r * length;
-    float max = *std::max_element(row, row + length);
-    float sum = 0.0f;
-    for (int64_t s = 0; s < length; ++s) {
-      row[s] = std::exp(row[s] - max);
-      sum += row[s];
-    }
-    const float inv = 1.0f / sum;
+    const float max = Reduce(length, -3.0e38f, MaxOf{row});
+    for (int64_t s = 0; s < length; ++s) row[s] = ExpNonPositive(row[s] - max);
+    const float inv = 1.0f / Reduce(length, 0.0f, SumOf{row});
     for (int64_t s = 0; s < length; ++s) row[s] *= inv;
   }
 }
 
-static ffi::Error AttentionForward(Tensor4 q, Tensor4 k, Tensor4 v,
-                                   ffi::Result<Tensor4> out,
-                                   ffi::Result<Tensor4> probs, float scale) {
-  Dims d;
-  if (!GetDims(q, k, v, &d)) {
-    return ffi::Error::InvalidArgument("vit_jax attention: q/k/v shapes differ");
-  }
-  const int64_t ld = d.row(), t = d.queries, s = d.keys, h = d.head_dim;
-  for (int64_t b = 0; b < d.batch; ++b) {
-    const float* qb = q.typed_data() + b * t * ld;
-    const float* kb = k.typed_data() + b * s * ld;
-    const float* vb = v.typed_data() + b * s * ld;
-    float* pb = probs->typed_data() + b * d.heads * t * s;  // (N, T, S)
-    float* ob = out->typed_data() + b * t * ld;
-    // Logits of every head: scale * Q_n K_n^T, (T, S).
-    GemmBatch(false, true, t, s, h, scale, qb, ld, h, kb, ld, h, 0.0f, pb, s,
-              t * s, d.heads);
-    Softmax(pb, d.heads * t, s);
-    // O_n = P_n V_n, (T, H), written straight into (T, N, H).
-    GemmBatch(false, false, t, h, s, 1.0f, pb, s, t * s, vb, ld, h, 0.0f, ob,
-              ld, h, d.heads);
-  }
-  return ffi::Error::Success();
-}
-
-static ffi::Error AttentionBackward(Tensor4 q, Tensor4 k, Tensor4 v,
-                                    Tensor4 probs, Tensor4 d_out,
-                                    ffi::Result<Tensor4> d_q,
-                                    ffi::Result<Tensor4> d_k,
-                                    ffi::Result<Tensor4> d_v, float scale) {
-  Dims d;
-  if (!GetDims(q, k, v, &d)) {
-    return ffi::Error::InvalidArgument("vit_jax attention: q/k/v shapes differ");
-  }
-  const int64_t ld = d.row(), t = d.queries, s = d.keys, h = d.head_dim;
-  std::vector<float> d_logits(d.heads * t * s);  // One example's, reused.
-  for (int64_t b = 0; b < d.batch; ++b) {
-    const float* qb = q.typed_data() + b * t * ld;
-    const float* kb = k.typed_data() + b * s * ld;
-    const float* vb = v.typed_data() + b * s * ld;
-    const float* pb = probs.typed_data() + b * d.heads * t * s;
-    const float* gb = d_out.typed_data() + b * t * ld;
-    float* ds = d_logits.data();
-    // dV_n = P_n^T dO_n, (S, H).
-    GemmBatch(true, false, s, h, t, 1.0f, pb, s, t * s, gb, ld, h, 0.0f,
-              d_v->typed_data() + b * s * ld, ld, h, d.heads);
-    // dP_n = dO_n V_n^T, (T, S).
-    GemmBatch(false, true, t, s, h, 1.0f, gb, ld, h, vb, ld, h, 0.0f, ds, s,
-              t * s, d.heads);
-    // Through the softmax: dS = P * (dP - rowsum(P * dP)).
-    for (int64_t r = 0; r < d.heads * t; ++r) {
-      const float* p = pb + r * s;
-      float* g = ds + r * s;
-      float dot = 0.0f;
-      for (int64_t j = 0; j < s; ++j) dot += p[j] * g[j];
-      for (int64_t j = 0; j < s; ++j) g[j] = p[j] * (g[j] - dot);
+// Runs work(i) for i in [0, count) on the calling thread and on up to
+// pool.num_threads() tasks of XLA's pool. The caller waits only for work that
+// was started, never for a task to be scheduled, so a busy pool cannot
+// deadlock it: tasks that start late find nothing left and return.
+template <typename Work>
+void ParallelFor(ffi::ThreadPool& pool, int64_t count, const Work& work) {
+  struct State {
+    std::atomic<int64_t> next{0}, done{0};
+    std::mutex mutex;
+    std::condition_variable finished;
+  };
+  auto state = std::make_shared<State>();
+  auto drain = [count](State& s, const Work& w) {
+    // One BLAS thread per worker: the parallelism is over the items.
+    const int previous = set_threads_local ? set_threads_local(1) : 0;
+    for (int64_t i; (i = s.next.fetch_add(1)) < count;) {
+      w(i);
+      if (s.done.fetch_add(1) + 1 == count) {
+        std::lock_guard<std::mutex> lock(s.mutex);
+        s.finished.notify_all();
+      }
     }
-    // dQ_n = scale dS_n K_n, (T, H); dK_n = scale dS_n^T Q_n, (S, H).
-    GemmBatch(false, false, t, h, s, scale, ds, s, t * s, kb, ld, h, 0.0f,
-              d_q->typed_data() + b * t * ld, ld, h, d.heads);
-    GemmBatch(true, false, s, h, t, scale, ds, s, t * s, qb, ld, h, 0.0f,
-              d_k->typed_data() + b * s * ld, ld, h, d.heads);
+    if (set_threads_local) set_threads_local(previous);
+  };
+  const int64_t helpers = std::min<int64_t>(pool.num_threads(), count - 1);
+  for (int64_t t = 0; t < helpers; ++t) {
+    // `work` lives until this call returns, which is after its last item ran.
+    pool.Schedule([state, drain, &work] { drain(*state, work); });
   }
+  drain(*state, work);
+  std::unique_lock<std::mutex> lock(state->mutex);
+  state->finished.wait(lock, [&] { return state->done.load() == count; });
+}
+
+ffi::Error AttentionForward(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
+                            Tensor4 v, ffi::Result<Tensor4> out,
+                            ffi::Result<Tensor4> probs, float scale) {
+  Dims d;
+  if (!GetDims(q, k, v, &d)) {
+    return ffi::Error::InvalidArgument("vit_jax attention: q/k/v shapes differ");
+  }
+  const int64_t ld = d.row(), t = d.queries, s = d.keys, h = d.head_dim;
+  ParallelFor(pool, d.batch * d.heads, [&](int64_t item) {
+    const int64_t b = item / d.heads, n = item % d.heads;
+    float* p = probs->typed_data() + d.p_at(b, n);
+    // P = softmax(scale Q K^T), (T, S); O = P V, (T, H) into (T, N, H).
+    Gemm(false, true, t, s, h, scale, q.typed_data() + d.q_at(b, n), ld,
+         k.typed_data() + d.kv_at(b, n), ld, 0.0f, p, s);
+    SoftmaxRows(p, t, s);
+    Gemm(false, false, t, h, s, 1.0f, p, s, v.typed_data() + d.kv_at(b, n), ld,
+         0.0f, out->typed_data() + d.q_at(b, n), ld);
+  });
   return ffi::Error::Success();
 }
 
+ffi::Error AttentionBackward(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
+                             Tensor4 v, Tensor4 probs, Tensor4 d_out,
+                             ffi::Result<Tensor4> d_q, ffi::Result<Tensor4> d_k,
+                             ffi::Result<Tensor4> d_v, float scale) {
+  Dims d;
+  if (!GetDims(q, k, v, &d)) {
+    return ffi::Error::InvalidArgument("vit_jax attention: q/k/v shapes differ");
+  }
+  const int64_t ld = d.row(), t = d.queries, s = d.keys, h = d.head_dim;
+  ParallelFor(pool, d.batch * d.heads, [&](int64_t item) {
+    const int64_t b = item / d.heads, n = item % d.heads;
+    thread_local std::vector<float> d_logits;
+    d_logits.resize(t * s);
+    float* ds = d_logits.data();
+    const float* p = probs.typed_data() + d.p_at(b, n);
+    const float* g = d_out.typed_data() + d.q_at(b, n);
+    // dV = P^T dO, (S, H); dP = dO V^T, (T, S).
+    Gemm(true, false, s, h, t, 1.0f, p, s, g, ld, 0.0f,
+         d_v->typed_data() + d.kv_at(b, n), ld);
+    Gemm(false, true, t, s, h, 1.0f, g, ld, v.typed_data() + d.kv_at(b, n), ld,
+         0.0f, ds, s);
+    // Through the softmax: dS = P * (dP - rowsum(P * dP)).
+    for (int64_t r = 0; r < t; ++r) {
+      const float* p_row = p + r * s;
+      float* g_row = ds + r * s;
+      const float dot = Reduce(s, 0.0f, DotOf{p_row, g_row});
+      for (int64_t j = 0; j < s; ++j) g_row[j] = p_row[j] * (g_row[j] - dot);
+    }
+    // dQ = scale dS K, (T, H); dK = scale dS^T Q, (S, H).
+    Gemm(false, false, t, h, s, scale, ds, s, k.typed_data() + d.kv_at(b, n),
+         ld, 0.0f, d_q->typed_data() + d.q_at(b, n), ld);
+    Gemm(true, false, s, h, t, scale, ds, s, q.typed_data() + d.q_at(b, n), ld,
+         0.0f, d_k->typed_data() + d.kv_at(b, n), ld);
+  });
+  return ffi::Error::Success();
+}
+
+}  // namespace
 }  // namespace vit_jax
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxAttentionForwardF32,
                               vit_jax::AttentionForward,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<vit_jax::Tensor4>()
                                   .Arg<vit_jax::Tensor4>()
                                   .Arg<vit_jax::Tensor4>()
@@ -130,6 +222,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxAttentionForwardF32,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxAttentionBackwardF32,
                               vit_jax::AttentionBackward,
                               ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
                                   .Arg<vit_jax::Tensor4>()
                                   .Arg<vit_jax::Tensor4>()
                                   .Arg<vit_jax::Tensor4>()

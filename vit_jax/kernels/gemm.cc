@@ -11,13 +11,13 @@ namespace ffi = xla::ffi;
 namespace vit_jax {
 
 Sgemm sgemm = nullptr;
-SgemmBatchStrided sgemm_batch_strided = nullptr;
+SetThreadsLocal set_threads_local = nullptr;
 
 using Matrix = ffi::Buffer<ffi::F32, 2>;
 
 // out (M, N) = op(a) @ op(b); op(a) is (M, K), op(b) is (K, N).
-static ffi::Error Gemm(Matrix a, Matrix b, ffi::Result<Matrix> out,
-                       bool transpose_a, bool transpose_b) {
+static ffi::Error GemmHandler(Matrix a, Matrix b, ffi::Result<Matrix> out,
+                              bool transpose_a, bool transpose_b) {
   if (sgemm == nullptr) {
     return ffi::Error::InvalidArgument("vit_jax: no sgemm was registered");
   }
@@ -28,21 +28,20 @@ static ffi::Error Gemm(Matrix a, Matrix b, ffi::Result<Matrix> out,
   if ((transpose_b ? b_dims[1] : b_dims[0]) != k) {
     return ffi::Error::InvalidArgument("vit_jax gemm: contraction sizes differ");
   }
-  sgemm(kRowMajor, transpose_a ? kTrans : kNoTrans,
-        transpose_b ? kTrans : kNoTrans, m, n, k, 1.0f, a.typed_data(),
-        a_dims[1], b.typed_data(), b_dims[1], 0.0f, out->typed_data(), n);
+  Gemm(transpose_a, transpose_b, m, n, k, 1.0f, a.typed_data(), a_dims[1],
+       b.typed_data(), b_dims[1], 0.0f, out->typed_data(), n);
   return ffi::Error::Success();
 }
 
 }  // namespace vit_jax
 
-extern "C" void vit_jax_set_blas(void* sgemm, void* sgemm_batch_strided) {
+extern "C" void vit_jax_set_blas(void* sgemm, void* set_threads_local) {
   vit_jax::sgemm = reinterpret_cast<vit_jax::Sgemm>(sgemm);
-  vit_jax::sgemm_batch_strided =
-      reinterpret_cast<vit_jax::SgemmBatchStrided>(sgemm_batch_strided);
+  vit_jax::set_threads_local =
+      reinterpret_cast<vit_jax::SetThreadsLocal>(set_threads_local);
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxGemmF32, vit_jax::Gemm,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxGemmF32, vit_jax::GemmHandler,
                               ffi::Ffi::Bind()
                                   .Arg<vit_jax::Matrix>()
                                   .Arg<vit_jax::Matrix>()
