@@ -65,9 +65,9 @@ def test_dot_general_leaves_other_products_to_xla(case):
   np.testing.assert_array_equal(fn(lhs, rhs), jax.lax.dot_general(lhs, rhs, dims))
 
 
-@pytest.mark.parametrize('scan_layers', [False, True])
-def test_vit_with_blas_matches_xla_forward_and_gradients(scan_layers):
-  xla = models.get_model('ViT-testing', num_classes=5, matmul='xla', scan_layers=scan_layers,
+def test_vit_with_blas_matches_xla_forward_and_gradients():
+  # Scanned layers: the BLAS calls sit inside nn.scan's body (and its transpose).
+  xla = models.get_model('ViT-testing', num_classes=5, matmul='xla', scan_layers=True,
                          representation_size=8)
   ours = xla.clone(matmul='blas')
   images = _random(2, 16, 16, 3)
@@ -86,9 +86,10 @@ def test_vit_with_blas_matches_xla_forward_and_gradients(scan_layers):
     scale = float(np.abs(w).max())
     assert float(np.abs(g - w).max()) <= 1e-5 * scale + 1e-5, (jax.tree_util.keystr(path),
                                                               scale)
-  # Every Dense product ran on the BLAS (q, k, v, out, 2 MLP per layer + pre_logits, head).
-  calls = _ffi_calls(loss(ours), params)
-  assert calls == 6 * (1 if scan_layers else xla.num_layers) + 2
+  # Every Dense product ran on the BLAS: q, k, v, out and 2 MLP layers in the scanned
+  # block, then pre_logits and the head; and so did the attention.
+  assert _ffi_calls(loss(ours), params) == 6 + 2
+  assert blas.ATTENTION_TARGETS[0] in str(jax.make_jaxpr(loss(ours))(params))
 
 
 def test_flops_of_blas_products_count_like_xla():
@@ -117,12 +118,10 @@ def test_resolve_matmul():
 def test_without_a_blas_auto_falls_back_and_blas_says_why(tmp_path):
   """A fresh process that finds no BLAS: 'auto' runs XLA, 'blas' names the problem."""
   script = (
-      'import jax.numpy as jnp\n'
       'from vit_jax import models\n'
       'from vit_jax.kernels import blas\n'
       "print('auto ->', blas.resolve_matmul('auto'))\n"
-      "model = models.get_model('ViT-testing', num_classes=2)\n"
-      'model.init(__import__("jax").random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)))\n'
+      "print('attention ->', models.resolve_attention_impl('auto', backend='cpu'))\n"
       'try:\n'
       "  blas.resolve_matmul('blas')\n"
       'except blas.KernelUnavailable as error:\n'
@@ -132,9 +131,32 @@ def test_without_a_blas_auto_falls_back_and_blas_says_why(tmp_path):
   out = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True,
                        text=True, timeout=300)
   assert out.returncode == 0, out.stderr
-  assert 'auto -> xla' in out.stdout
+  assert 'auto -> xla' in out.stdout and 'attention -> head_major' in out.stdout
   assert 'blas -> No ILP64 CBLAS found' in out.stdout and 'libnothing.so' in out.stdout
   assert "pip install 'vit_jax[mkl]'" in out.stdout
+
+
+def test_numpys_openblas_runs_the_kernels_too():
+  """Without MKL the kernels run on the OpenBLAS inside NumPy's wheels, threads and all."""
+  numpy_blas = [b for b in blas._blas_candidates() if b.name == 'openblas']
+  if not numpy_blas:
+    pytest.skip('this NumPy has no bundled scipy-openblas')
+  script = (
+      'import jax, jax.numpy as jnp, numpy as np\n'
+      'from vit_jax.kernels import blas\n'
+      'from vit_jax.models import plain_attention\n'
+      'assert blas.load().name == "openblas", blas.load()\n'
+      'r = np.random.default_rng(0)\n'
+      'a, b = r.standard_normal((64, 48), np.float32), r.standard_normal((48, 32), np.float32)\n'
+      'np.testing.assert_allclose(jax.jit(blas.matmul)(a, b), a @ b, rtol=1e-4, atol=1e-4)\n'
+      'q, k, v = (jnp.asarray(r.standard_normal((4, 9, 3, 8), np.float32)) for _ in range(3))\n'
+      'np.testing.assert_allclose(jax.jit(blas.attention)(q, k, v),\n'
+      '                           plain_attention(q, k, v)[0], rtol=1e-5, atol=1e-5)\n'
+      'print("openblas ok")\n')
+  env = {**os.environ, 'VIT_JAX_BLAS': numpy_blas[0].path}
+  out = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True,
+                       text=True, timeout=300)
+  assert out.returncode == 0 and 'openblas ok' in out.stdout, out.stderr[-3000:]
 
 
 def test_a_failed_build_is_reported(tmp_path, monkeypatch):

@@ -59,24 +59,28 @@ class Blas(NamedTuple):
   threads_symbol: str | None = None  # Sets this thread's BLAS threads (MKL).
 
 
+def _mkl(path: str) -> Blas:
+  return Blas('mkl', path, 'cblas_sgemm_64', 'MKL_Set_Num_Threads_Local')
+
+
+def _openblas(path: str) -> Blas:  # The build inside NumPy's wheels (symbols prefixed).
+  return Blas('openblas', path, 'scipy_cblas_sgemm64_')
+
+
 def _blas_candidates() -> list[Blas]:
   """Libraries to try, best first: VIT_JAX_BLAS, MKL, NumPy's OpenBLAS."""
   chosen = os.environ.get('VIT_JAX_BLAS')
   if chosen:
-    name = 'mkl' if 'mkl' in os.path.basename(chosen) else 'openblas'
-    if name == 'mkl':
-      return [Blas(name, chosen, 'cblas_sgemm_64', 'MKL_Set_Num_Threads_Local')]
-    return [Blas(name, chosen, 'scipy_cblas_sgemm64_')]
+    return [_mkl(chosen) if 'mkl' in os.path.basename(chosen) else _openblas(chosen)]
   candidates = []
   for prefix in dict.fromkeys((sys.prefix, sys.base_prefix)):
-    for path in sorted(glob.glob(os.path.join(prefix, 'lib', 'libmkl_rt.so*'))):
-      candidates.append(Blas('mkl', path, 'cblas_sgemm_64', 'MKL_Set_Num_Threads_Local'))
-  system_mkl = ctypes.util.find_library('mkl_rt')
-  if system_mkl:
-    candidates.append(Blas('mkl', system_mkl, 'cblas_sgemm_64', 'MKL_Set_Num_Threads_Local'))
+    candidates += [_mkl(path) for path in
+                   sorted(glob.glob(os.path.join(prefix, 'lib', 'libmkl_rt.so*')))]
+  if ctypes.util.find_library('mkl_rt'):
+    candidates.append(_mkl(ctypes.util.find_library('mkl_rt')))
   numpy_libs = os.path.join(os.path.dirname(os.path.dirname(np.__file__)), 'numpy.libs')
-  for path in sorted(glob.glob(os.path.join(numpy_libs, 'libscipy_openblas64_*.so'))):
-    candidates.append(Blas('openblas', path, 'scipy_cblas_sgemm64_'))
+  candidates += [_openblas(path) for path in
+                 sorted(glob.glob(os.path.join(numpy_libs, 'libscipy_openblas64_*.so')))]
   return candidates
 
 
