@@ -187,6 +187,7 @@ def load() -> Blas:
   return blas
 
 
+@functools.cache
 def _intel_cpu() -> bool:
   try:
     with open('/proc/cpuinfo') as f:
