@@ -2,7 +2,7 @@
 
   python -m vit_jax.benchmark --model ViT-B_16 --mode infer --batch 8 --resolution 224 \\
       --dtype float32 [--steps 20] [--warmup 3] [--compare timm] [--json out.json] \\
-      [--peak-tflops X] [--attention auto|fused|plain|chunked] [--scan-layers] [--remat] \\
+      [--peak-tflops X] [--attention auto|fused|plain|chunked|blas] [--scan-layers] [--remat] \\
       [--tune-malloc] [--timm-path DIR] [--xla-option NAME=VALUE ...] [--matmul auto|xla|blas]
   python -m vit_jax.benchmark --model ViT-S_16 --mode train --batch 16 --compare timm
   python -m vit_jax.benchmark --model Transformer-base --mode seq2seq [--seq-len 64] \\

@@ -78,7 +78,7 @@ class EncoderBlock(nn.Module):
   stochastic_depth: bool = False  # Apply drop-path with the per-call rate.
   norm_position: str = 'pre'  # 'pre' (ViT) or 'post' (original Transformer).
   activation: str = 'gelu'
-  attention_impl: str = 'auto'  # 'auto', 'fused', 'plain' or 'chunked' (see attention.py).
+  attention_impl: str = 'auto'  # 'auto', 'fused', 'plain', 'chunked', 'blas' (attention.py).
   matmul: str = 'auto'  # Dense layers: 'auto', 'xla' or 'blas' (see vit_jax.kernels.blas).
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32

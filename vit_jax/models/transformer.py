@@ -71,7 +71,8 @@ class DecoderBlock(nn.Module):
         y, encoded, mask=cross_mask, deterministic=deterministic))
     # MlpBlock applies dropout to its own output; `sublayer` adds none on top.
     mlp = MlpBlock(self.mlp_dim, dropout_rate=0.0, activation=self.activation,
-                   matmul=self.matmul, dtype=self.dtype, param_dtype=self.param_dtype, name='MlpBlock')
+                   matmul=self.matmul, dtype=self.dtype, param_dtype=self.param_dtype,
+                   name='MlpBlock')
     return sublayer(x, 2, lambda y: mlp(y, deterministic=deterministic))
 
 
@@ -148,7 +149,7 @@ class Transformer(nn.Module):
   attention_dropout_rate: float = 0.0
   norm_position: str = 'post'  # 'post' (paper) or 'pre' (more stable when deep).
   activation: str = 'relu'
-  attention_impl: str = 'auto'  # 'auto', 'fused', 'plain' or 'chunked' (see attention.py).
+  attention_impl: str = 'auto'  # 'auto', 'fused', 'plain', 'chunked', 'blas' (attention.py).
   matmul: str = 'auto'  # Dense layers: 'auto' (MKL on Intel CPUs), 'xla' or 'blas'.
   max_length: int = 2048  # Longest sequence the sinusoidal positions cover.
   cached_decoding: bool = False  # One target token per `decode` call, with a k/v cache.
@@ -181,7 +182,8 @@ class Transformer(nn.Module):
         attention_dropout_rate=self.attention_dropout_rate,
         position_embedding='sinusoidal', norm_position=self.norm_position,
         activation=self.activation, attention_impl=self.attention_impl,
-        matmul=self.matmul, max_length=self.max_length, dtype=self.dtype, param_dtype=self.param_dtype)
+        matmul=self.matmul, max_length=self.max_length, dtype=self.dtype,
+        param_dtype=self.param_dtype)
     self.decoder = Decoder(
         embedding=self.target_embedding, num_layers=self.num_layers,
         mlp_dim=self.mlp_dim, num_heads=self.num_heads,

@@ -45,7 +45,7 @@ class VisionTransformer(nn.Module):
   position_embedding: str = 'learned'  # 'learned', 'sincos2d' (fixed) or 'none'.
   resnet_layers: Sequence[int] | None = None  # Hybrid: units per ResNet stage.
   resnet_width_factor: float = 1.0
-  attention_impl: str = 'auto'  # 'auto' (per backend), 'fused', 'plain' (weights), 'chunked'.
+  attention_impl: str = 'auto'  # 'auto' (per backend), 'fused', 'plain', 'chunked', 'blas'.
   matmul: str = 'auto'  # Dense layers: 'auto' (MKL on Intel CPUs), 'xla' or 'blas'.
   scan_layers: bool = False  # nn.scan over blocks (fast compile for deep models).
   remat: bool = False  # Gradient checkpointing per block.
