@@ -9,6 +9,7 @@
 // the backward pass reuses instead of recomputing the softmax.
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
@@ -29,6 +30,9 @@ using Tensor4 = ffi::Buffer<ffi::F32, 4>;
 struct Dims {
   int64_t batch, queries, keys, heads, head_dim;
   int64_t row() const { return heads * head_dim; }  // Row stride of q, k, v.
+  float scale() const {  // 1/sqrt(H), rounded once from double.
+    return static_cast<float>(1.0 / std::sqrt(static_cast<double>(head_dim)));
+  }
   // Offsets of head n of example b in q/out, in k/v, and in P.
   int64_t q_at(int64_t b, int64_t n) const { return b * queries * row() + n * head_dim; }
   int64_t kv_at(int64_t b, int64_t n) const { return b * keys * row() + n * head_dim; }
@@ -149,12 +153,13 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t count, const Work& work) {
 
 ffi::Error AttentionForward(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
                             Tensor4 v, ffi::Result<Tensor4> out,
-                            ffi::Result<Tensor4> probs, float scale) {
+                            ffi::Result<Tensor4> probs) {
   Dims d;
   if (!GetDims(q, k, v, &d)) {
     return ffi::Error::InvalidArgument("vit_jax attention: q/k/v shapes differ");
   }
   const int64_t ld = d.row(), t = d.queries, s = d.keys, h = d.head_dim;
+  const float scale = d.scale();
   ParallelFor(pool, d.batch * d.heads, [&](int64_t item) {
     const int64_t b = item / d.heads, n = item % d.heads;
     float* p = probs->typed_data() + d.p_at(b, n);
@@ -171,12 +176,13 @@ ffi::Error AttentionForward(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
 ffi::Error AttentionBackward(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
                              Tensor4 v, Tensor4 probs, Tensor4 d_out,
                              ffi::Result<Tensor4> d_q, ffi::Result<Tensor4> d_k,
-                             ffi::Result<Tensor4> d_v, float scale) {
+                             ffi::Result<Tensor4> d_v) {
   Dims d;
   if (!GetDims(q, k, v, &d)) {
     return ffi::Error::InvalidArgument("vit_jax attention: q/k/v shapes differ");
   }
   const int64_t ld = d.row(), t = d.queries, s = d.keys, h = d.head_dim;
+  const float scale = d.scale();
   ParallelFor(pool, d.batch * d.heads, [&](int64_t item) {
     const int64_t b = item / d.heads, n = item % d.heads;
     thread_local std::vector<float> d_logits;
@@ -216,8 +222,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxAttentionForwardF32,
                                   .Arg<vit_jax::Tensor4>()
                                   .Arg<vit_jax::Tensor4>()
                                   .Ret<vit_jax::Tensor4>()
-                                  .Ret<vit_jax::Tensor4>()
-                                  .Attr<float>("scale"));
+                                  .Ret<vit_jax::Tensor4>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxAttentionBackwardF32,
                               vit_jax::AttentionBackward,
@@ -230,5 +235,4 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxAttentionBackwardF32,
                                   .Arg<vit_jax::Tensor4>()
                                   .Ret<vit_jax::Tensor4>()
                                   .Ret<vit_jax::Tensor4>()
-                                  .Ret<vit_jax::Tensor4>()
-                                  .Attr<float>("scale"));
+                                  .Ret<vit_jax::Tensor4>());

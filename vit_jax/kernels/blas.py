@@ -276,7 +276,7 @@ def _attention_forward(query, key, value):
   shapes = (jax.ShapeDtypeStruct(query.shape, jnp.float32),
             jax.ShapeDtypeStruct((batch, heads, queries, key.shape[1]), jnp.float32))
   call = jax.ffi.ffi_call(ATTENTION_TARGETS[0], shapes, vmap_method='sequential')
-  return call(query, key, value, scale=np.float32(query.shape[-1] ** -0.5))
+  return call(query, key, value)
 
 
 @jax.custom_vjp
@@ -299,8 +299,7 @@ def _attention_bwd(residuals, d_out):
   query, key, value, probs = residuals
   shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (query, key, value))
   call = jax.ffi.ffi_call(ATTENTION_TARGETS[1], shapes, vmap_method='sequential')
-  return tuple(call(query, key, value, probs, d_out.astype(jnp.float32),
-                    scale=np.float32(query.shape[-1] ** -0.5)))
+  return tuple(call(query, key, value, probs, d_out.astype(jnp.float32)))
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)
