@@ -195,3 +195,13 @@ def test_blas_attention_module_masked_calls_run_head_major():
   assert blas.ATTENTION_TARGETS[0] in str(unmasked)
   assert blas.ATTENTION_TARGETS[0] not in str(jax.make_jaxpr(
       lambda v: layer.apply(v, x, mask=mask))(variables))
+
+
+def test_kernel_sources_ship_as_package_data():
+  """A non-editable install must carry every file the first-use build reads."""
+  import fnmatch
+  import tomllib
+  with open(os.path.join(os.path.dirname(__file__), '..', 'pyproject.toml'), 'rb') as f:
+    patterns = tomllib.load(f)['tool']['setuptools']['package-data']['vit_jax.kernels']
+  for name in blas.SOURCES + blas.HEADERS:
+    assert any(fnmatch.fnmatch(name, pattern) for pattern in patterns), (name, patterns)
