@@ -115,6 +115,13 @@ def test_resolve_matmul():
         jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)))
 
 
+def test_explicit_blas_on_another_backend_says_it_runs_on_cpus(monkeypatch):
+  monkeypatch.setattr(jax, 'default_backend', lambda: 'gpu')
+  with pytest.raises(blas.KernelUnavailable, match="run on CPUs.*backend here is 'gpu'"):
+    blas.resolve_matmul('blas')
+  assert blas.resolve_matmul('auto') == 'xla'
+
+
 def test_without_a_blas_auto_falls_back_and_blas_says_why(tmp_path):
   """A fresh process that finds no BLAS: 'auto' runs XLA, 'blas' names the problem."""
   script = (
@@ -145,13 +152,13 @@ def test_numpys_openblas_runs_the_kernels_too():
       'import jax, jax.numpy as jnp, numpy as np\n'
       'from vit_jax.kernels import blas\n'
       'from vit_jax.models import plain_attention\n'
-      'assert blas.load().name == "openblas", blas.load()\n'
       'r = np.random.default_rng(0)\n'
-      'a, b = r.standard_normal((64, 48), np.float32), r.standard_normal((48, 32), np.float32)\n'
-      'np.testing.assert_allclose(jax.jit(blas.matmul)(a, b), a @ b, rtol=1e-4, atol=1e-4)\n'
       'q, k, v = (jnp.asarray(r.standard_normal((4, 9, 3, 8), np.float32)) for _ in range(3))\n'
       'np.testing.assert_allclose(jax.jit(blas.attention)(q, k, v),\n'
       '                           plain_attention(q, k, v)[0], rtol=1e-5, atol=1e-5)\n'
+      'a, b = r.standard_normal((64, 48), np.float32), r.standard_normal((48, 32), np.float32)\n'
+      'np.testing.assert_allclose(jax.jit(blas.matmul)(a, b), a @ b, rtol=1e-4, atol=1e-4)\n'
+      'assert blas.load().name == "openblas", blas.load()\n'  # Loaded on first use.
       'print("openblas ok")\n')
   env = {**os.environ, 'VIT_JAX_BLAS': numpy_blas[0].path}
   out = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True,

@@ -179,8 +179,15 @@ def load() -> Blas:
   """The BLAS the kernels call, after building and registering them if needed.
 
   Raises:
-    KernelUnavailable: no compiler, no BLAS, or the build failed (the message says).
+    KernelUnavailable: JAX runs on another backend, no compiler, no BLAS, or the
+      build failed (the message says).
   """
+  backend = jax.default_backend()
+  if backend != 'cpu':
+    raise KernelUnavailable(
+        f"The BLAS kernels run on CPUs, and JAX's default backend here is {backend!r}. "
+        "Use matmul='auto' or 'xla' and attention_impl='auto' (or run on the CPU with "
+        'JAX_PLATFORMS=cpu).')
   blas, reason = _load()
   if blas is None:
     raise KernelUnavailable(reason)
@@ -222,6 +229,7 @@ def _gemm(a: jax.Array, b: jax.Array, transpose_a: bool = False,
           transpose_b: bool = False) -> jax.Array:
   rows = a.shape[1] if transpose_a else a.shape[0]
   cols = b.shape[0] if transpose_b else b.shape[1]
+  load()  # Registers the FFI targets (once), or says why they cannot run here.
   call = jax.ffi.ffi_call(GEMM_TARGET, jax.ShapeDtypeStruct((rows, cols), jnp.float32),
                           vmap_method='sequential')
   return call(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
@@ -273,6 +281,7 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=Non
 
 def _attention_forward(query, key, value):
   batch, queries, heads, _ = query.shape
+  load()
   shapes = (jax.ShapeDtypeStruct(query.shape, jnp.float32),
             jax.ShapeDtypeStruct((batch, heads, queries, key.shape[1]), jnp.float32))
   call = jax.ffi.ffi_call(ATTENTION_TARGETS[0], shapes, vmap_method='sequential')
