@@ -1,4 +1,4 @@
-"""One XLA compilation cache for the whole test run.
+"""One XLA compilation cache for the whole test run; float32 products in float32.
 
 Many tests compile the same tiny models' steps (in this process, in xdist workers and
 in the subprocesses of the multi-device tests). JAX's persistent compilation cache,
@@ -11,6 +11,8 @@ import os
 import shutil
 import tempfile
 
+import pytest
+
 _WORKER = 'PYTEST_XDIST_WORKER' in os.environ
 _OWN_CACHE = None
 
@@ -20,6 +22,20 @@ if not _WORKER and 'JAX_COMPILATION_CACHE_DIR' not in os.environ:
   # Cache what takes noticeably long to compile; tiny programs compile faster than a read.
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS', '0.2')
   os.environ.setdefault('JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES', '0')
+
+
+@pytest.fixture(autouse=True, scope='session')
+def _float32_products_in_float32():
+  """Full float32 products on accelerators, as on CPUs.
+
+  GPUs multiply float32 in TF32 by default (10-bit mantissa): two correct
+  implementations then differ by ~1e-3, and the tests that compare them would
+  measure the hardware's rounding instead of the code.
+  """
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.default_backend() != 'cpu':
+    jax.config.update('jax_default_matmul_precision', 'highest')
+  yield
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -126,15 +126,32 @@ def test_unknown_implementation_lists_the_valid_ones():
     layer.init(jax.random.key(0), jnp.zeros((1, 3, 8)))
 
 
-@pytest.mark.parametrize('lengths,mask_name', [((6, 6), 'none'), ((5, 7), 'padding')])
-def test_cudnn_request_runs_anywhere(lengths, mask_name):
-  # cuDNN where it can run the inputs; XLA without cuDNN (CPUs) and for masked odd lengths.
+@pytest.mark.parametrize('lengths,mask_name', [((6, 6), 'none'), ((5, 7), 'none'),
+                                                ((5, 7), 'padding')])
+def test_cudnn_request_runs_anywhere_and_differentiates(lengths, mask_name):
+  """cuDNN where it can run the inputs (unmasked odd lengths padded to even); XLA
+  without cuDNN (CPUs) and for masked odd lengths. Differentiated under
+  `jax.checkpoint`, so that cuDNN's gradient rule runs outside the call."""
   t, s = lengths
   q, k, v = (x.astype(jnp.bfloat16) for x in _random_qkv(t, s))
   mask = _masks(t, s)[mask_name]
+  weights = jax.random.normal(jax.random.key(1), q.shape)
+
+  def loss(attend):
+    return jax.checkpoint(
+        lambda q, k, v: jnp.sum(attend(q, k, v).astype(jnp.float32) * weights))
+
+  fused = loss(lambda q, k, v: attention.fused_attention(q, k, v, mask, cudnn=True))
+  plain = loss(lambda q, k, v: attention.plain_attention(q, k, v, mask)[0])
   out = attention.fused_attention(q, k, v, mask, cudnn=True)
   reference = attention.plain_attention(q, k, v, mask)[0]
   np.testing.assert_allclose(out.astype(jnp.float32), reference.astype(jnp.float32), atol=2e-2)
+  grads = jax.jit(jax.grad(fused, argnums=(0, 1, 2)))(q, k, v)
+  reference_grads = jax.grad(plain, argnums=(0, 1, 2))(q, k, v)
+  for grad, reference_grad in zip(grads, reference_grads):
+    scale = float(jnp.abs(reference_grad.astype(jnp.float32)).max())
+    np.testing.assert_allclose(grad.astype(jnp.float32), reference_grad.astype(jnp.float32),
+                               atol=3e-2 * scale)
 
 
 def test_parameter_shapes_follow_published_layout():

@@ -51,3 +51,29 @@ def test_convolutions_scans_and_gradients_are_counted():
   assert count_flops(scanned.apply, scanned_params, images) == forward
   loss = lambda p, x: jnp.sum(model.apply(p, x))  # noqa: E731
   assert count_flops(jax.grad(loss), params, images) > 2 * forward
+
+
+def test_cudnn_attention_counts_like_xla(monkeypatch):
+  """cuDNN's attention primitives count as XLA's attention, forward and backward.
+
+  Traced only (nothing runs), with JAX's cuDNN checks told that a Hopper GPU is
+  there, so that CPUs trace the primitives a GPU would run.
+  """
+  from jax._src.cudnn import fused_attention_stablehlo as cudnn  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(cudnn, 'check_cudnn_version', lambda: 91000)
+  monkeypatch.setattr(cudnn, 'check_compute_capability', lambda capability: True)
+  monkeypatch.setattr(cudnn, 'is_cuda_compute_capability_equal', lambda capability: False)
+  from vit_jax.models import attention  # pylint: disable=g-import-not-at-top
+  query = jax.ShapeDtypeStruct((2, 5, 3, 8), jnp.bfloat16)  # Odd lengths: padded.
+  key = jax.ShapeDtypeStruct((2, 7, 3, 8), jnp.bfloat16)
+
+  def loss(cudnn_on):
+    return lambda q, k, v: jnp.sum(attention.fused_attention(q, k, v, cudnn=cudnn_on))
+
+  primitives = str(jax.make_jaxpr(jax.grad(loss(True)))(query, key, key))
+  assert 'dot_product_attention_fwd' in primitives and 'dot_product_attention_bwd' in primitives
+  padded_forward = 2 * 2 * 3 * 6 * 8 * 8  # (B, N) pairs, T and S rounded up to even, H.
+  assert count_flops(loss(True), query, key, key) == padded_forward
+  grads = (jax.grad(loss(True), argnums=(0, 1, 2)), jax.grad(loss(False), argnums=(0, 1, 2)))
+  assert count_flops(grads[0], query, key, key) == 3 * padded_forward
+  assert count_flops(grads[1], query, key, key) == 3 * 2 * 2 * 3 * 5 * 7 * 8

@@ -45,6 +45,24 @@ def _blas_attention_flops(eqn) -> int:
   return products * batch * heads * queries * keys * head_dim
 
 
+# cuDNN flash attention (`jax.nn.dot_product_attention(implementation='cudnn')`):
+# primitive -> matrix products per head (q k^T and p v forward; four backward, as XLA's
+# gradient of the same attention has, not counting cuDNN's recomputation).
+_CUDNN_ATTENTION_PRODUCTS = {'dot_product_attention_fwd_wrapper': 2,
+                             'dot_product_attention_bwd_wrapper': 4}
+_CUDNN_LAYOUT_BNTH = 1  # jax._src.cudnn.fused_attention_stablehlo.AttentionLayout.BNTH
+
+
+def _cudnn_attention_flops(eqn) -> int:
+  query, _, value = (v.aval.shape for v in eqn.invars[:3])
+  if eqn.params['layout'] == _CUDNN_LAYOUT_BNTH:
+    (batch, heads, queries, head_dim), keys = query, value[2]
+  else:
+    (batch, queries, heads, head_dim), keys = query, value[1]
+  products = _CUDNN_ATTENTION_PRODUCTS[eqn.primitive.name]
+  return products * batch * heads * queries * keys * head_dim
+
+
 def _sub_jaxprs(value: Any):
   """The jaxprs held in one equation parameter (a jaxpr, or a tuple of them)."""
   items = value if isinstance(value, (tuple, list)) else (value,)
@@ -67,6 +85,8 @@ def _jaxpr_flops(jaxpr) -> int:
       total += _blas_gemm_flops(eqn)
     elif name == 'ffi_call' and eqn.params['target_name'] in blas.ATTENTION_TARGETS:
       total += _blas_attention_flops(eqn)
+    elif name in _CUDNN_ATTENTION_PRODUCTS:
+      total += _cudnn_attention_flops(eqn)
     elif name == 'cond':
       total += max(_jaxpr_flops(j) for j in _sub_jaxprs(eqn.params['branches']))
     else:
@@ -78,7 +98,8 @@ def _jaxpr_flops(jaxpr) -> int:
 def count_flops(fn: Callable, *args, **kwargs) -> int:
   """Multiply-adds of all matrix products and convolutions in `fn(*args, **kwargs)`.
 
-  Products and attention on the BLAS (`vit_jax.kernels.blas`) count like XLA's.
+  Products and attention on the BLAS (`vit_jax.kernels.blas`) and cuDNN's flash
+  attention count like XLA's.
 
   One multiply-add counts as one FLOP (fvcore's convention). Counted on the
   traced jaxpr, so nothing runs; `args` may be arrays or `jax.ShapeDtypeStruct`s.

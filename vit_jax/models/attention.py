@@ -140,8 +140,10 @@ def fused_attention(query: Array, key: Array, value: Array,
   Same inputs and result as `plain_attention`, without the weights. With
   `cudnn`, cuDNN's flash attention runs where it takes the inputs (a GPU with
   cuDNN; float16/bfloat16; head_dim a multiple of 8, up to 128, or 256 from Hopper
-  on) and XLA elsewhere. Masked inputs of odd length always use XLA: cuDNN has no
-  gradient for them and says so only when differentiated, maybe outside this call.
+  on) and XLA elsewhere. cuDNN has no gradient for odd lengths, and says so only
+  when differentiated, maybe outside this call (under `jax.checkpoint` or a scan):
+  unmasked odd lengths (ViT's 197 tokens) run padded to even lengths with the
+  padding masked out by sequence lengths; masked odd lengths use XLA.
   """
   if mask is not None:
     # The fused kernel wants a rank-4 mask broadcastable to (B, N, T, S).
@@ -150,11 +152,27 @@ def fused_attention(query: Array, key: Array, value: Array,
   lengths_even = query.shape[1] % 2 == 0 and key.shape[1] % 2 == 0
   if cudnn and (mask is None or lengths_even):
     try:
-      return jax.nn.dot_product_attention(query, key, value, mask=mask,
-                                          implementation='cudnn')
+      if lengths_even:
+        return jax.nn.dot_product_attention(query, key, value, mask=mask,
+                                            implementation='cudnn')
+      return _cudnn_attention_padded_to_even(query, key, value)
     except (NotImplementedError, RuntimeError, ValueError):
       pass  # cuDNN cannot run these inputs here: XLA below.
   return jax.nn.dot_product_attention(query, key, value, mask=mask)
+
+
+def _cudnn_attention_padded_to_even(query: Array, key: Array, value: Array) -> Array:
+  """Unmasked cuDNN attention on (B, T, N, H) inputs of odd T or S, padded by one."""
+  batch, queries, keys = query.shape[0], query.shape[1], key.shape[1]
+
+  def pad_to_even(x):  # (B, L, N, H) -> (B, L rounded up to even, N, H)
+    return jnp.pad(x, ((0, 0), (0, x.shape[1] % 2), (0, 0), (0, 0)))
+
+  out = jax.nn.dot_product_attention(
+      pad_to_even(query), pad_to_even(key), pad_to_even(value), implementation='cudnn',
+      query_seq_lengths=jnp.full((batch,), queries, jnp.int32),
+      key_value_seq_lengths=jnp.full((batch,), keys, jnp.int32))
+  return out[:, :queries]
 
 
 def head_major_attention(query: Array, key: Array, value: Array,
