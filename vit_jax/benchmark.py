@@ -3,7 +3,7 @@
   python -m vit_jax.benchmark --model ViT-B_16 --mode infer --batch 8 --resolution 224 \\
       --dtype float32 [--steps 20] [--warmup 3] [--compare timm] [--json out.json] \\
       [--peak-tflops X] [--attention auto|fused|plain|chunked|blas] [--scan-layers] [--remat] \\
-      [--tune-malloc] [--timm-path DIR] [--xla-option NAME=VALUE ...] [--matmul auto|xla|blas]
+      [--no-tune-malloc] [--timm-path DIR] [--xla-option NAME=VALUE ...] [--matmul auto|xla|blas]
   python -m vit_jax.benchmark --model ViT-S_16 --mode train --batch 16 --compare timm
   python -m vit_jax.benchmark --model Transformer-base --mode seq2seq [--seq-len 64] \\
       [--decode-length 64] [--vocab-size 32000]
@@ -48,8 +48,10 @@ instead of YNNPACK; comparing ours/timm across runs shows what an option is wort
 'auto' (the models' default: MKL on Intel CPUs where it is installed). The title
 line shows what ran. FLOPs on the BLAS count like XLA's.
 
-On CPUs, `--tune-malloc` stops glibc from handing XLA a freshly mapped (and so
-page-faulting) temporary buffer at every step; see `vit_jax.utils.tune_malloc`.
+On CPUs, as in the trainer (`config.tune_malloc`), glibc is told to keep freed
+memory, so that XLA's temporary buffer is not freshly mapped (and page-faulted) at
+every step; see `vit_jax.utils.tune_malloc`. It applies to the whole process, timm
+included; `--no-tune-malloc` measures without it.
 """
 
 import argparse
@@ -870,9 +872,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--timm-path', help='extra directory appended to sys.path to find '
                       'torch and timm')
   parser.add_argument('--json', help='write all figures to this file')
-  parser.add_argument('--tune-malloc', action='store_true',
+  parser.add_argument('--tune-malloc', action=argparse.BooleanOptionalAction, default=None,
                       help='glibc: reuse freed memory instead of mmap-ing (and page-faulting) '
-                      "XLA's per-step temporary buffer anew; applies to the whole process")
+                      "XLA's per-step temporary buffer anew; applies to the whole process, "
+                      "timm included (default: on CPUs, as the trainer's config.tune_malloc)")
   parser.add_argument('--xla-option', action='append', default=[], metavar='NAME=VALUE',
                       help='XLA compiler option for everything we compile (repeatable)')
   parser.add_argument('--peak-tflops', type=float,
@@ -954,10 +957,13 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
-  if args.tune_malloc and not utils.tune_malloc():
-    print('note: --tune-malloc needs glibc (Linux); running without it.', file=sys.stderr)
   if args.compare:  # Leave GPU memory to torch: JAX would take 75% of it at start-up.
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  if args.tune_malloc is None:
+    args.tune_malloc = jax.default_backend() == 'cpu'
+  if args.tune_malloc and not utils.tune_malloc():
+    print('note: --tune-malloc needs glibc (Linux); running without it.', file=sys.stderr)
+    args.tune_malloc = False
   try:
     report, text = run(args)
   except (ImportError, ValueError, RuntimeError) as error:

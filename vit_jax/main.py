@@ -38,6 +38,11 @@ _DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
     'Seconds to wait for all processes to connect to the coordinator before exiting with an error.')
 
 
+def _on_cpu() -> bool:
+  import jax  # pylint: disable=g-import-not-at-top
+  return jax.default_backend() == 'cpu'
+
+
 def run(config, workdir: str):
   """Runs `config.trainer` ('train', 'evaluate', 'translate', 'visualize') on `config.task`."""
   from vit_jax.train import loop  # Imported here so that --help stays fast.
@@ -46,7 +51,7 @@ def run(config, workdir: str):
   trainers = {'train': loop.train, 'evaluate': loop.evaluate}
   if config.task not in tasks:
     raise ValueError(f'Unknown config.task {config.task!r}; choose one of {sorted(tasks)}.')
-  if config.get('tune_malloc') and not utils.tune_malloc():
+  if config.get('tune_malloc') and _on_cpu() and not utils.tune_malloc():
     logging.warning('config.tune_malloc needs glibc (Linux); running without it.')
   if config.trainer == 'visualize':
     from vit_jax.train import visualization
