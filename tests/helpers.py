@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -42,3 +44,32 @@ def cached_teacher_forced_logits(model, params, inputs, targets):
     steps.append(logits)
     token = targets[:, t:t + 1]  # Teacher forcing: the next input is target t.
   return jnp.stack(steps, axis=1)
+
+
+# Runs `python -m MODULE ARGS...` and prints, at exit, how many malloc arenas glibc
+# made (malloc_info writes one <heap> per arena).
+_RUN_AND_COUNT_ARENAS = """
+import atexit, ctypes, re, runpy, sys, tempfile
+
+def count_arenas():
+  libc = ctypes.CDLL('libc.so.6')
+  libc.fopen.restype = ctypes.c_void_p
+  with tempfile.NamedTemporaryFile() as out:
+    stream = ctypes.c_void_p(libc.fopen(out.name.encode(), b'w'))
+    libc.malloc_info(0, stream)
+    libc.fclose(stream)
+    print('arenas:', len(re.findall(r'<heap nr=', open(out.name).read())))
+
+atexit.register(count_arenas)
+module, sys.argv = sys.argv[1], sys.argv[1:]
+runpy.run_module(module, run_name='__main__', alter_sys=True)
+"""
+
+
+def malloc_arenas_after(module: str, *args: str, cwd: str) -> int:
+  """glibc malloc arenas at the exit of `python -m module *args` on the CPU (Linux)."""
+  out = subprocess.run([sys.executable, '-c', _RUN_AND_COUNT_ARENAS, module, *args],
+                       capture_output=True, text=True, cwd=cwd,
+                       env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert out.returncode == 0, out.stderr
+  return int(out.stdout.split('arenas:')[1])

@@ -1,10 +1,13 @@
 """The benchmark command line, end to end on tiny models (figures present, no timings)."""
 
 import json
+import os
+import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import malloc_arenas_after
 
 from vit_jax import benchmark, models
 from vit_jax.models import attention
@@ -47,6 +50,16 @@ def test_infer(tmp_path, capsys):
   assert f'attention auto ({kernel})' in printed
   # On CPUs glibc keeps freed memory by default, as the trainer does.
   assert ('tuned malloc' in printed) == (jax.default_backend() == 'cpu')
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc')
+@pytest.mark.parametrize('flags, tuned', [((), True), (('--no-tune-malloc',), False)])
+def test_malloc_is_tuned_before_threads_start(flags, tuned):
+  # By default on CPUs. Set after JAX's threads first allocate, glibc's arena limit
+  # would not hold.
+  arenas = malloc_arenas_after('vit_jax.benchmark', *TINY_VIT, *flags,
+                               cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert arenas == 1 if tuned else arenas > 1
 
 
 def test_train_counts_the_whole_step(tmp_path, capsys):

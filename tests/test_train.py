@@ -11,10 +11,10 @@ import sys
 import jax
 import numpy as np
 import pytest
-from helpers import override, read_metrics
+from helpers import malloc_arenas_after, override, read_metrics
 
 from vit_jax import checkpoint as weights
-from vit_jax import main, models, utils
+from vit_jax import main, models
 from vit_jax.train import config as config_lib
 from vit_jax.train import loop
 
@@ -126,10 +126,37 @@ def test_teacher_needs_a_distillation_head(tmp_path):
     main.run(tiny_config(teacher=str(tmp_path)), str(tmp_path / 'run'))
 
 
-def test_tuned_malloc_trains(tmp_path):
-  results = main.run(tiny_config(tune_malloc=True, total_steps=5), str(tmp_path / 'run'))
-  assert np.isfinite(results['loss'])
-  assert utils.tune_malloc()  # glibc here: the mallopt calls take effect.
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc')
+@pytest.mark.parametrize('tune', [True, False])
+def test_main_tunes_malloc_before_threads_start(tmp_path, tune):
+  # glibc's arena limit only holds if set before JAX's, TF's and orbax's threads
+  # first allocate; set later, each thread keeps an arena of its own.
+  arenas = malloc_arenas_after(
+      'vit_jax.main', '--config=configs/vit_digits.py', f'--workdir={tmp_path}',
+      '--config.total_steps=2', '--config.model.num_layers=1', '--config.eval_every=0',
+      '--config.checkpoint_every=0', f'--config.tune_malloc={tune}', cwd=REPO)
+  assert arenas == 1 if tune else arenas > 1
+
+
+@pytest.mark.parametrize('platforms, on_cpu', [('cpu', True), ('cpu,cuda', True),
+                                               ('cuda', False), ('tpu,cpu', False)])
+def test_jax_runs_on_cpu_follows_jax_platforms(platforms, on_cpu):
+  # Decided without starting a backend: a 'cuda' or 'tpu' backend would fail here.
+  code = 'from vit_jax import utils; print(utils.jax_runs_on_cpu())'
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                       env={**os.environ, 'JAX_PLATFORMS': platforms})
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.split()[-1] == str(on_cpu)
+
+
+def test_jax_runs_on_cpu_without_jax_platforms_matches_the_backend():
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'}
+  code = ('import jax; from vit_jax import utils; '
+          "print(utils.jax_runs_on_cpu(), jax.default_backend() == 'cpu')")
+  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env)
+  assert out.returncode == 0, out.stderr
+  predicted, actual = out.stdout.split()[-2:]
+  assert predicted == actual
 
 
 def test_mixed_precision_trains(tmp_path):

@@ -959,8 +959,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
   if args.compare:  # Leave GPU memory to torch: JAX would take 75% of it at start-up.
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
-  if args.tune_malloc is None:
-    args.tune_malloc = jax.default_backend() == 'cpu'
+  if args.tune_malloc is None:  # Decided before JAX starts its threads (see tune_malloc).
+    args.tune_malloc = utils.jax_runs_on_cpu()
   if args.tune_malloc and not utils.tune_malloc():
     print('note: --tune-malloc needs glibc (Linux); running without it.', file=sys.stderr)
     args.tune_malloc = False

@@ -38,21 +38,24 @@ _DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
     'Seconds to wait for all processes to connect to the coordinator before exiting with an error.')
 
 
-def _on_cpu() -> bool:
-  import jax  # pylint: disable=g-import-not-at-top
-  return jax.default_backend() == 'cpu'
+def tune_malloc_for(config) -> None:
+  """Applies `config.tune_malloc` on CPU runs; call before JAX or TF start threads."""
+  if config.get('tune_malloc') and utils.jax_runs_on_cpu() and not utils.tune_malloc():
+    logging.warning('config.tune_malloc needs glibc (Linux); running without it.')
 
 
 def run(config, workdir: str):
-  """Runs `config.trainer` ('train', 'evaluate', 'translate', 'visualize') on `config.task`."""
+  """Runs `config.trainer` ('train', 'evaluate', 'translate', 'visualize') on `config.task`.
+
+  `config.tune_malloc` is a setting of the whole process, which `main` applies at
+  start-up (`tune_malloc_for`); callers of `run` apply it themselves, if at all.
+  """
   from vit_jax.train import loop  # Imported here so that --help stays fast.
   tasks = {'classification': 'vit_jax.train.classification:ClassificationTask',
            'translation': 'vit_jax.train.translation:TranslationTask'}
   trainers = {'train': loop.train, 'evaluate': loop.evaluate}
   if config.task not in tasks:
     raise ValueError(f'Unknown config.task {config.task!r}; choose one of {sorted(tasks)}.')
-  if config.get('tune_malloc') and _on_cpu() and not utils.tune_malloc():
-    logging.warning('config.tune_malloc needs glibc (Linux); running without it.')
   if config.trainer == 'visualize':
     from vit_jax.train import visualization
     return visualization.run(config, workdir)
@@ -81,6 +84,7 @@ def main(argv):
                          '--config=configs/vit_digits.py.')
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # Orbax and TF are chatty at INFO.
+  tune_malloc_for(_CONFIG.value)  # First: before JAX, TF or orbax start threads.
   try:
     distributed.initialize(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
                            _PROCESS_ID.value, _DISTRIBUTED_TIMEOUT.value)
