@@ -89,7 +89,8 @@ def test_vit_with_blas_matches_xla_forward_and_gradients():
   # Every Dense product ran on the BLAS: q, k, v, out and 2 MLP layers in the scanned
   # block, then pre_logits and the head; and so did the attention.
   assert _ffi_calls(loss(ours), params) == 6 + 2
-  assert blas.ATTENTION_TARGETS[0] in str(jax.make_jaxpr(loss(ours))(params))
+  assert blas.ATTENTION_INFERENCE_TARGET in str(jax.make_jaxpr(loss(ours))(params))
+  assert blas.ATTENTION_FORWARD_TARGET in str(jax.make_jaxpr(jax.grad(loss(ours)))(params))
 
 
 def test_flops_of_blas_products_count_like_xla():
@@ -102,6 +103,12 @@ def test_flops_of_blas_products_count_like_xla():
 
   assert count_flops(grad_fn(model.clone(matmul='blas')), params) == count_flops(
       grad_fn(model), params) > 0
+  # The attention kernels (forward without and with the weights kept, backward).
+  forward = lambda m: (lambda p: m.apply({'params': p}, images))  # noqa: E731
+  blas_attention = model.clone(matmul='blas', attention_impl='blas')
+  for fn in (forward, grad_fn):
+    assert count_flops(fn(blas_attention), params) == count_flops(
+        fn(model.clone(attention_impl='plain')), params)
 
 
 def test_resolve_matmul():
@@ -180,8 +187,14 @@ def test_attention_and_its_gradients_match_plain_attention():
   # Cross-attention shapes (T != S), heads interleaved in (B, T, N, H) as projected.
   query, key, value = _random(2, 5, 3, 8), _random(2, 7, 3, 8), _random(2, 7, 3, 8)
   reference = lambda q, k, v: models.plain_attention(q, k, v)[0]  # noqa: E731
-  np.testing.assert_allclose(jax.jit(blas.attention)(query, key, value),
-                             reference(query, key, value), rtol=1e-5, atol=1e-6)
+  want_out = reference(query, key, value)
+  # Called plainly, the kernel that keeps no weights; under jax.vjp, the one that does.
+  assert blas.ATTENTION_INFERENCE_TARGET in str(jax.make_jaxpr(blas.attention)(
+      query, key, value))
+  np.testing.assert_allclose(jax.jit(blas.attention)(query, key, value), want_out,
+                             rtol=1e-5, atol=1e-6)
+  vjp_out = jax.jit(lambda *qkv: jax.vjp(blas.attention, *qkv)[0])(query, key, value)
+  np.testing.assert_allclose(vjp_out, want_out, rtol=1e-5, atol=1e-6)
   loss = lambda f: (lambda *qkv: jnp.sum(jnp.sin(3 * f(*qkv))))  # noqa: E731
   got = jax.jit(jax.grad(loss(blas.attention), argnums=(0, 1, 2)))(query, key, value)
   want = jax.grad(loss(reference), argnums=(0, 1, 2))(query, key, value)
@@ -199,9 +212,9 @@ def test_blas_attention_module_masked_calls_run_head_major():
       variables, x, mask=mask)
   np.testing.assert_allclose(masked('blas'), masked('plain'), rtol=1e-5, atol=1e-6)
   unmasked = jax.make_jaxpr(lambda v: layer.apply(v, x))(variables)
-  assert blas.ATTENTION_TARGETS[0] in str(unmasked)
-  assert blas.ATTENTION_TARGETS[0] not in str(jax.make_jaxpr(
-      lambda v: layer.apply(v, x, mask=mask))(variables))
+  assert blas.ATTENTION_INFERENCE_TARGET in str(unmasked)
+  masked_jaxpr = str(jax.make_jaxpr(lambda v: layer.apply(v, x, mask=mask))(variables))
+  assert not any(target in masked_jaxpr for target in blas.ATTENTION_TARGETS)
 
 
 def test_kernel_sources_ship_as_package_data():

@@ -154,6 +154,19 @@ void ParallelFor(ffi::ThreadPool& pool, int64_t count, const Work& work) {
   state->finished.wait(lock, [&] { return state->done.load() == count; });
 }
 
+// Head n of example b: P = softmax(scale Q K^T), (T, S), into `p`; O = P V,
+// (T, H), into `out` (T, N, H).
+void HeadForward(const Dims& d, int64_t b, int64_t n, const float* q,
+                 const float* k, const float* v, float* out, float* p) {
+  const int64_t ld = d.row(), t = d.queries, s = d.keys, h = d.head_dim;
+  Gemm(false, true, t, s, h, d.scale(), q + d.q_at(b, n), ld, k + d.kv_at(b, n),
+       ld, 0.0f, p, s);
+  SoftmaxRows(p, t, s);
+  Gemm(false, false, t, h, s, 1.0f, p, s, v + d.kv_at(b, n), ld, 0.0f,
+       out + d.q_at(b, n), ld);
+}
+
+// The training forward pass: returns P (B, N, T, S) for the backward pass.
 ffi::Error AttentionForward(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
                             Tensor4 v, ffi::Result<Tensor4> out,
                             ffi::Result<Tensor4> probs) {
@@ -161,17 +174,27 @@ ffi::Error AttentionForward(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
   if (!GetDims(q, k, v, &d)) {
     return ffi::Error::InvalidArgument("vit_jax attention: q/k/v shapes differ");
   }
-  const int64_t ld = d.row(), t = d.queries, s = d.keys, h = d.head_dim;
-  const float scale = d.scale();
   ParallelFor(pool, d.batch * d.heads, [&](int64_t item) {
     const int64_t b = item / d.heads, n = item % d.heads;
-    float* p = probs->typed_data() + d.p_at(b, n);
-    // P = softmax(scale Q K^T), (T, S); O = P V, (T, H) into (T, N, H).
-    Gemm(false, true, t, s, h, scale, q.typed_data() + d.q_at(b, n), ld,
-         k.typed_data() + d.kv_at(b, n), ld, 0.0f, p, s);
-    SoftmaxRows(p, t, s);
-    Gemm(false, false, t, h, s, 1.0f, p, s, v.typed_data() + d.kv_at(b, n), ld,
-         0.0f, out->typed_data() + d.q_at(b, n), ld);
+    HeadForward(d, b, n, q.typed_data(), k.typed_data(), v.typed_data(),
+                out->typed_data(), probs->typed_data() + d.p_at(b, n));
+  });
+  return ffi::Error::Success();
+}
+
+// Without a backward pass: each head's P lives in a per-thread buffer that
+// stays in cache, instead of going out to memory.
+ffi::Error AttentionInference(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
+                              Tensor4 v, ffi::Result<Tensor4> out) {
+  Dims d;
+  if (!GetDims(q, k, v, &d)) {
+    return ffi::Error::InvalidArgument("vit_jax attention: q/k/v shapes differ");
+  }
+  ParallelFor(pool, d.batch * d.heads, [&](int64_t item) {
+    thread_local std::vector<float> p;
+    p.resize(d.queries * d.keys);
+    HeadForward(d, item / d.heads, item % d.heads, q.typed_data(), k.typed_data(),
+                v.typed_data(), out->typed_data(), p.data());
   });
   return ffi::Error::Success();
 }
@@ -225,6 +248,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxAttentionForwardF32,
                                   .Arg<vit_jax::Tensor4>()
                                   .Arg<vit_jax::Tensor4>()
                                   .Ret<vit_jax::Tensor4>()
+                                  .Ret<vit_jax::Tensor4>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxAttentionInferenceF32,
+                              vit_jax::AttentionInference,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<vit_jax::Tensor4>()
+                                  .Arg<vit_jax::Tensor4>()
+                                  .Arg<vit_jax::Tensor4>()
                                   .Ret<vit_jax::Tensor4>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxAttentionBackwardF32,

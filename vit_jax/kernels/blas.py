@@ -45,7 +45,11 @@ MATMUL_IMPLEMENTATIONS = ('auto', 'xla', 'blas')
 SOURCES = ('gemm.cc', 'attention.cc')
 HEADERS = ('blas.h',)
 GEMM_TARGET = 'vit_jax_gemm_f32'
-ATTENTION_TARGETS = ('vit_jax_attention_fwd_f32', 'vit_jax_attention_bwd_f32')
+ATTENTION_FORWARD_TARGET = 'vit_jax_attention_fwd_f32'  # Also returns the weights.
+ATTENTION_INFERENCE_TARGET = 'vit_jax_attention_f32'  # Forward only: no weights kept.
+ATTENTION_BACKWARD_TARGET = 'vit_jax_attention_bwd_f32'
+ATTENTION_TARGETS = (ATTENTION_FORWARD_TARGET, ATTENTION_INFERENCE_TARGET,
+                     ATTENTION_BACKWARD_TARGET)
 
 
 class KernelUnavailable(RuntimeError):
@@ -162,8 +166,9 @@ def _load() -> tuple[Blas | None, str | None]:
         getattr(blas_library, symbol) if symbol else None, ctypes.c_void_p)
     kernels.vit_jax_set_blas(pointer(blas.sgemm_symbol), pointer(blas.threads_symbol))
     handlers = {GEMM_TARGET: kernels.VitJaxGemmF32,
-                ATTENTION_TARGETS[0]: kernels.VitJaxAttentionForwardF32,
-                ATTENTION_TARGETS[1]: kernels.VitJaxAttentionBackwardF32}
+                ATTENTION_FORWARD_TARGET: kernels.VitJaxAttentionForwardF32,
+                ATTENTION_INFERENCE_TARGET: kernels.VitJaxAttentionInferenceF32,
+                ATTENTION_BACKWARD_TARGET: kernels.VitJaxAttentionBackwardF32}
     for target, handler in handlers.items():
       jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform='cpu')
     _LIBRARIES.extend([blas_library, kernels])  # Keep both loaded for the process.
@@ -279,35 +284,36 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=Non
   return out.reshape(lhs.shape[:lhs.ndim - count] + rhs.shape[count:])
 
 
-def _attention_forward(query, key, value):
-  batch, queries, heads, _ = query.shape
-  load()
-  shapes = (jax.ShapeDtypeStruct(query.shape, jnp.float32),
-            jax.ShapeDtypeStruct((batch, heads, queries, key.shape[1]), jnp.float32))
-  call = jax.ffi.ffi_call(ATTENTION_TARGETS[0], shapes, vmap_method='sequential')
-  return call(query, key, value)
-
-
 @jax.custom_vjp
 def attention(query: jax.Array, key: jax.Array, value: jax.Array) -> jax.Array:
   """softmax(q k^T / sqrt(H)) v per head, unmasked, float32, on the BLAS.
 
-  query (B, T, N, H), key and value (B, S, N, H) -> (B, T, N, H). The forward
-  pass keeps the weights (B, N, T, S) for the backward pass: memory grows with
-  T * S, like `plain_attention`'s.
+  query (B, T, N, H), key and value (B, S, N, H) -> (B, T, N, H). When
+  differentiated, the forward pass keeps the weights (B, N, T, S) for the
+  backward pass: memory grows with T * S, like `plain_attention`'s. Otherwise
+  each head's weights stay in a per-thread buffer.
   """
-  return _attention_forward(query, key, value)[0]
+  load()
+  call = jax.ffi.ffi_call(ATTENTION_INFERENCE_TARGET,
+                          jax.ShapeDtypeStruct(query.shape, jnp.float32),
+                          vmap_method='sequential')
+  return call(query, key, value)
 
 
 def _attention_fwd(query, key, value):
-  out, probs = _attention_forward(query, key, value)
+  batch, queries, heads, _ = query.shape
+  load()
+  shapes = (jax.ShapeDtypeStruct(query.shape, jnp.float32),
+            jax.ShapeDtypeStruct((batch, heads, queries, key.shape[1]), jnp.float32))
+  call = jax.ffi.ffi_call(ATTENTION_FORWARD_TARGET, shapes, vmap_method='sequential')
+  out, probs = call(query, key, value)
   return out, (query, key, value, probs)
 
 
 def _attention_bwd(residuals, d_out):
   query, key, value, probs = residuals
   shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (query, key, value))
-  call = jax.ffi.ffi_call(ATTENTION_TARGETS[1], shapes, vmap_method='sequential')
+  call = jax.ffi.ffi_call(ATTENTION_BACKWARD_TARGET, shapes, vmap_method='sequential')
   return tuple(call(query, key, value, probs, d_out.astype(jnp.float32)))
 
 
