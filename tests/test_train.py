@@ -14,7 +14,7 @@ import pytest
 from helpers import malloc_arenas_after, override, read_metrics
 
 from vit_jax import checkpoint as weights
-from vit_jax import main, models
+from vit_jax import main, models, utils
 from vit_jax.train import config as config_lib
 from vit_jax.train import loop
 
@@ -141,12 +141,13 @@ def test_main_tunes_malloc_before_threads_start(tmp_path, tune):
 @pytest.mark.parametrize('platforms, on_cpu', [('cpu', True), ('cpu,cuda', True),
                                                ('cuda', False), ('tpu,cpu', False)])
 def test_jax_runs_on_cpu_follows_jax_platforms(platforms, on_cpu):
-  # Decided without starting a backend: a 'cuda' or 'tpu' backend would fail here.
-  code = 'from vit_jax import utils; print(utils.jax_runs_on_cpu())'
-  out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                       env={**os.environ, 'JAX_PLATFORMS': platforms})
-  assert out.returncode == 0, out.stderr
-  assert out.stdout.split()[-1] == str(on_cpu)
+  # Only read when a backend starts, which jax_runs_on_cpu never does.
+  saved = jax.config.jax_platforms
+  try:
+    jax.config.update('jax_platforms', platforms)
+    assert utils.jax_runs_on_cpu() == on_cpu
+  finally:
+    jax.config.update('jax_platforms', saved)
 
 
 def test_jax_runs_on_cpu_without_jax_platforms_matches_the_backend():
