@@ -127,15 +127,15 @@ def test_teacher_needs_a_distillation_head(tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc')
-@pytest.mark.parametrize('tune', [True, False])
-def test_main_tunes_malloc_before_threads_start(tmp_path, tune):
+def test_main_tunes_malloc_before_threads_start(tmp_path):
   # glibc's arena limit only holds if set before JAX's, TF's and orbax's threads
-  # first allocate; set later, each thread keeps an arena of its own.
+  # first allocate; set later, each thread keeps an arena of its own (as the
+  # benchmark's untuned case in test_benchmark shows).
   arenas = malloc_arenas_after(
       'vit_jax.main', '--config=configs/vit_digits.py', f'--workdir={tmp_path}',
       '--config.total_steps=2', '--config.model.num_layers=1', '--config.eval_every=0',
-      '--config.checkpoint_every=0', f'--config.tune_malloc={tune}', cwd=REPO)
-  assert arenas == 1 if tune else arenas > 1
+      '--config.checkpoint_every=0', cwd=REPO)
+  assert arenas == 1
 
 
 @pytest.mark.parametrize('platforms, on_cpu', [('cpu', True), ('cpu,cuda', True),
