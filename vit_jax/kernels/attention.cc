@@ -166,37 +166,45 @@ void HeadForward(const Dims& d, int64_t b, int64_t n, const float* q,
        out + d.q_at(b, n), ld);
 }
 
-// The training forward pass: returns P (B, N, T, S) for the backward pass.
-ffi::Error AttentionForward(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
-                            Tensor4 v, ffi::Result<Tensor4> out,
-                            ffi::Result<Tensor4> probs) {
+// Runs HeadForward for every (example, head) pair, with head (b, n)'s P at
+// weights(b, n).
+template <typename Weights>
+ffi::Error ForwardAllHeads(ffi::ThreadPool& pool, const Tensor4& q,
+                           const Tensor4& k, const Tensor4& v, float* out,
+                           const Weights& weights) {
   Dims d;
   if (!GetDims(q, k, v, &d)) {
     return ffi::Error::InvalidArgument("vit_jax attention: q/k/v shapes differ");
   }
   ParallelFor(pool, d.batch * d.heads, [&](int64_t item) {
     const int64_t b = item / d.heads, n = item % d.heads;
-    HeadForward(d, b, n, q.typed_data(), k.typed_data(), v.typed_data(),
-                out->typed_data(), probs->typed_data() + d.p_at(b, n));
+    HeadForward(d, b, n, q.typed_data(), k.typed_data(), v.typed_data(), out,
+                weights(d, b, n));
   });
   return ffi::Error::Success();
+}
+
+// The training forward pass: returns P (B, N, T, S) for the backward pass.
+ffi::Error AttentionForward(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
+                            Tensor4 v, ffi::Result<Tensor4> out,
+                            ffi::Result<Tensor4> probs) {
+  float* p = probs->typed_data();
+  return ForwardAllHeads(pool, q, k, v, out->typed_data(),
+                         [p](const Dims& d, int64_t b, int64_t n) {
+                           return p + d.p_at(b, n);
+                         });
 }
 
 // Without a backward pass: each head's P lives in a per-thread buffer that
 // stays in cache, instead of going out to memory.
 ffi::Error AttentionInference(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
                               Tensor4 v, ffi::Result<Tensor4> out) {
-  Dims d;
-  if (!GetDims(q, k, v, &d)) {
-    return ffi::Error::InvalidArgument("vit_jax attention: q/k/v shapes differ");
-  }
-  ParallelFor(pool, d.batch * d.heads, [&](int64_t item) {
-    thread_local std::vector<float> p;
-    p.resize(d.queries * d.keys);
-    HeadForward(d, item / d.heads, item % d.heads, q.typed_data(), k.typed_data(),
-                v.typed_data(), out->typed_data(), p.data());
-  });
-  return ffi::Error::Success();
+  return ForwardAllHeads(pool, q, k, v, out->typed_data(),
+                         [](const Dims& d, int64_t, int64_t) {
+                           thread_local std::vector<float> p;
+                           p.resize(d.queries * d.keys);
+                           return p.data();
+                         });
 }
 
 ffi::Error AttentionBackward(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
