@@ -6,11 +6,11 @@ The argument is MODEL,DATASET. Defaults follow the DeiT recipe: AdamW, cosine de
 label smoothing, drop-path, RandAugment and mixup (CutMix is not implemented).
 """
 
-from vit_jax.train.config import classification_config
+from vit_jax.train.config import classification_config, model_and_dataset
 
 
 def get_config(arg: str = 'DeiT-S_16,cifar10'):
-  model, dataset = arg.split(',', 1)
+  model, dataset = model_and_dataset(arg, 'configs/deit.py')
   config = classification_config(model)
   config.model.droppath_rate = 0.1
   config.data.dataset = dataset

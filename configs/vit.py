@@ -6,11 +6,11 @@ The argument is MODEL,DATASET: a registry name and a TFDS name or image-folder p
 Defaults follow the ViT paper's fine-tuning recipe (SGD with momentum, cosine decay).
 """
 
-from vit_jax.train.config import classification_config
+from vit_jax.train.config import classification_config, model_and_dataset
 
 
 def get_config(arg: str = 'ViT-B_16,cifar10'):
-  model, dataset = arg.split(',', 1)
+  model, dataset = model_and_dataset(arg, 'configs/vit.py')
   config = classification_config(model)
   config.data.dataset = dataset
   config.data.train_split = 'train[:98%]'  # Hold out 2% of train for model selection.

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -18,6 +19,17 @@ def override(config, overrides: dict):
       target = target[parent]
     target[leaf] = value
   return config
+
+
+# Lines TensorFlow's and XLA's C++ logging print on stderr at start-up, not ours.
+_NATIVE_LOG_LINE = re.compile(r'^([IWEF]\d{4} |WARNING: All log messages before absl)')
+
+
+def user_error(stderr: str) -> str:
+  """The one line a user's mistake prints (`error: ...`); fails unless it is all we printed."""
+  lines = [line for line in stderr.splitlines() if line and not _NATIVE_LOG_LINE.match(line)]
+  assert len(lines) == 1 and lines[0].startswith('error: '), stderr
+  return lines[0]
 
 
 def read_metrics(workdir, split):

@@ -1,15 +1,31 @@
-"""configs/: model configs mirror the registry; run configs load and name real options."""
+"""configs/ and the trainer's config: every field is reachable from the command line with its
+type; model configs list every field of their module; the README's config knobs work."""
 
+import dataclasses
 import importlib.util
+import json
 import pathlib
+import subprocess
+import sys
 
+import ml_collections
+import numpy as np
 import pytest
+from helpers import user_error
 
-from vit_jax import models
-from vit_jax.data import images
+from vit_jax import errors, models
+from vit_jax.data import images, text
+from vit_jax.models import registry
+from vit_jax.train import config as config_lib
 from vit_jax.train import optim
 
-CONFIGS = pathlib.Path(__file__).resolve().parents[1] / 'configs'
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CONFIGS = REPO / 'configs'
+# Each run config with an argument its docstring uses.
+RUN_CONFIGS = [('vit_digits.py', None), ('vit.py', 'ViT-S_16,data/my_images'),
+               ('deit.py', 'DeiT-Ti_16,cifar10'), ('transformer_dates.py', None),
+               ('transformer_text.py', None), ('transformer_wmt.py', None)]
+OVERRIDABLE = (int, float, bool, str, tuple)  # What ml_collections' config flags parse.
 
 
 def load_config_module(filename):
@@ -19,27 +35,156 @@ def load_config_module(filename):
   return module
 
 
-@pytest.mark.parametrize('name', models.model_names())
-def test_model_config_builds_the_registry_model(name):
-  config = load_config_module('models.py').get_config(name)
-  assert config.name == name
-  settings = {k: v for k, v in config.items() if k != 'name'}
-  required = ({'vocab_size': 100} if name.startswith('Transformer')
-              else {'num_classes': 10})
-  assert models.get_model(config.name, **settings, **required) == models.get_model(
-      name, **required)
-
-
-@pytest.mark.parametrize('filename,arg', [('vit_digits.py', None),
-                                          ('vit.py', 'ViT-S_16,/data/my_images'),
-                                          ('deit.py', 'DeiT-Ti_16,cifar10')])
-def test_run_configs_use_only_known_fields(filename, arg):
+def run_config(filename, arg):
   module = load_config_module(filename)
-  config = module.get_config() if arg is None else module.get_config(arg)
-  assert set(config.data) == set(images.default_config())
+  return module.get_config() if arg is None else module.get_config(arg)
+
+
+def leaf_types(config: ml_collections.ConfigDict, prefix=''):
+  for key in config.keys():
+    value = config[key]
+    if isinstance(value, ml_collections.ConfigDict):
+      yield from leaf_types(value, f'{prefix}{key}.')
+    else:
+      yield f'{prefix}{key}', config.get_type(key)
+
+
+@pytest.mark.parametrize('filename,arg', RUN_CONFIGS)
+def test_every_field_has_a_type_the_command_line_parses(filename, arg):
+  config = run_config(filename, arg)
+  untyped = [(path, kind) for path, kind in leaf_types(config) if kind not in OVERRIDABLE]
+  assert not untyped  # A None default without a placeholder type cannot be overridden.
+  # The fields users set most, unset by default, keep their types.
+  if config.task == 'translation':
+    for field in ('train_files', 'eval_files', 'source_language', 'target_language',
+                  'tfds_data_dir', 'tfds_manual_dir'):
+      assert config.data.get_type(field) is str
+    assert config.data.get_type('eval_max_length') is int
+  else:
+    assert config.data.get_type('tfds_data_dir') is str
+    assert config.model.get_type('representation_size') is int
+    assert config.model.get_type('resnet_layers') is tuple
+
+
+@pytest.mark.parametrize('filename,arg', RUN_CONFIGS)
+def test_run_configs_use_only_known_fields(filename, arg):
+  config = run_config(filename, arg)
+  defaults = text.default_config() if config.task == 'translation' else images.default_config()
+  assert set(config.data) == set(defaults)
   assert set(config.optimizer) == set(optim.default_config())
-  model = models.get_model(config.model.name, num_classes=10,
-                           **{k: v for k, v in config.model.items() if k != 'name'})
-  assert model.num_classes == 10
+  required = {'vocab_size': 100} if config.task == 'translation' else {'num_classes': 10}
+  config_lib.build_model(config.model, **required)
   if arg:
     assert config.data.dataset == arg.split(',')[1]
+
+
+@pytest.mark.parametrize('name', models.model_names())
+def test_model_config_lists_every_module_field(name):
+  config = config_lib.model_config(name)
+  module_cls = registry.MODELS[name][0]
+  fields = {f.name for f in dataclasses.fields(module_cls)} - {'parent', 'name'}
+  caller_set = {'num_classes', 'vocab_size', 'output_vocab_size', 'cached_decoding'}
+  assert set(config) - {'name'} == fields - caller_set
+  required = ({'vocab_size': 100} if name.startswith('Transformer') else {'num_classes': 10})
+  # The config, as it is, builds exactly the registry's model.
+  assert config_lib.build_model(config, **required) == models.get_model(name, **required)
+  assert config.dtype == 'float32'
+
+
+def test_the_compute_dtype_is_one_knob():
+  config = config_lib.classification_config('ViT-testing')
+  assert 'mixed_precision' not in config
+  config.model.dtype = 'bfloat16'
+  model = config_lib.build_model(config.model, num_classes=10)
+  assert model.dtype == np.dtype('bfloat16') and model.param_dtype == np.dtype('float32')
+  config.model.dtype = 'bf16'
+  with pytest.raises(errors.ConfigError, match="dtype='bf16' is not a dtype"):
+    config_lib.build_model(config.model, num_classes=10)
+
+
+def test_a_saved_config_keeps_its_types_and_takes_new_defaults():
+  config = config_lib.translation_config('Transformer-testing')
+  config.data.train_files = 'a.en,a.de'
+  saved = json.loads(config.to_json_best_effort())
+  del saved['model']['norm_position']  # As if saved before the field existed.
+  saved['mixed_precision'] = True  # The old name of model.dtype='bfloat16'.
+  restored = config_lib.from_saved(saved, 'config.json')
+  assert restored.data.train_files == 'a.en,a.de'
+  assert restored.data.get_type('eval_files') is str and restored.data.eval_files is None
+  assert restored.mesh_shape == (-1, 1, 1)  # JSON's list back to a tuple.
+  assert restored.model.norm_position == 'post' and restored.model.dtype == 'bfloat16'
+  with pytest.raises(errors.BadFileError, match='is not the config of a vit_jax run'):
+    config_lib.from_saved({'task': 'x'}, 'config.json')
+
+
+def _store_tfds_dataset(data_dir, name, num_examples=24, size=8):
+  """A prepared TFDS dataset `name` (images and 3 labels) in data_dir."""
+  tfds = pytest.importorskip('tensorflow_datasets')
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+
+  def split(n):
+    return tf.data.Dataset.from_tensor_slices({
+        'image': rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8),
+        'label': rng.integers(0, 3, n)})
+
+  tfds.dataset_builders.store_as_tfds_dataset(
+      name=name, version='1.0.0', data_dir=str(data_dir),
+      features=tfds.features.FeaturesDict({
+          'image': tfds.features.Image(shape=(size, size, 3)),
+          'label': tfds.features.ClassLabel(names=['ant', 'bee', 'cat'])}),
+      split_datasets={'train': split(num_examples), 'test': split(num_examples // 2)})
+
+
+def _main(*args, cwd, timeout=300):
+  return subprocess.run([sys.executable, '-m', 'vit_jax.main', *args], capture_output=True,
+                        text=True, cwd=cwd, timeout=timeout)
+
+
+TINY_IMAGES = ['--config.data.image_size=8', '--config.model.patch_size=(4, 4)',
+               '--config.model.hidden_size=16', '--config.model.mlp_dim=32',
+               '--config.model.num_heads=2', '--config.model.num_layers=1',
+               '--config.batch_size=8', '--config.eval_batch_size=8', '--config.total_steps=2',
+               '--config.log_every=1', '--config.eval_every=0', '--config.checkpoint_every=0']
+
+
+def test_tfds_data_dir_from_the_command_line_reaches_tfds(tmp_path):
+  _store_tfds_dataset(tmp_path / 'tfds', 'my_shapes')
+  out = _main('--config=configs/vit.py:ViT-Ti_16,my_shapes', f'--workdir={tmp_path}/run',
+              f'--config.data.tfds_data_dir={tmp_path}/tfds', '--config.data.train_split=train',
+              *TINY_IMAGES, cwd=REPO)
+  assert out.returncode == 0, out.stderr
+  assert 'eval at step 2' in out.stdout and 'num_examples 12.0000' in out.stdout
+  saved = json.loads((tmp_path / 'run' / 'config.json').read_text())
+  assert saved['data']['tfds_data_dir'] == f'{tmp_path}/tfds'
+  assert json.loads((tmp_path / 'run' / 'class_names.json').read_text()) == ['ant', 'bee', 'cat']
+  # Without the directory TFDS does not find it: the option is what reached TFDS.
+  out = _main('--config=configs/vit.py:ViT-Ti_16,my_shapes', f'--workdir={tmp_path}/other',
+              *TINY_IMAGES, cwd=REPO)
+  assert out.returncode == 1
+  assert user_error(out.stderr).startswith("error: Unknown dataset 'my_shapes'")
+
+
+def test_model_knobs_from_the_command_line_train(tmp_path):
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(0)
+  for split in ('train', 'test'):
+    for label in ('circle', 'square'):
+      folder = tmp_path / 'shapes' / split / label
+      folder.mkdir(parents=True)
+      for i in range(4):
+        Image.fromarray(rng.integers(0, 256, (10, 12, 3), dtype=np.uint8)).save(
+            folder / f'{i}.png')
+  out = _main(f'--config=configs/vit.py:ViT-Ti_16,{tmp_path}/shapes',
+              f'--workdir={tmp_path}/run', '--config.data.train_split=train',
+              '--config.model.dropout_rate=0.1', '--config.model.remat=True',
+              '--config.model.scan_layers=True', '--config.model.num_layers=2',
+              *[flag for flag in TINY_IMAGES if 'num_layers' not in flag], cwd=REPO)
+  assert out.returncode == 0, out.stderr
+  saved = json.loads((tmp_path / 'run' / 'config.json').read_text())['model']
+  assert (saved['dropout_rate'], saved['remat'], saved['scan_layers']) == (0.1, True, True)
+  # Scanned layers are stacked under one `encoderblock` in the checkpoint.
+  checkpoints = tmp_path / 'run' / 'checkpoints' / '2'
+  assert checkpoints.is_dir()
+  metadata = (checkpoints / 'default' / '_METADATA').read_text()
+  assert 'encoderblock' in metadata and 'encoderblock_0' not in metadata

@@ -393,7 +393,7 @@ def test_files_with_non_utf8_name_the_line(tmp_path):
 def test_missing_file_and_malformed_pair_are_clear_errors(tmp_path):
   config = _files_config(tmp_path, ['a'], ['b'])
   config.eval_files = f'{tmp_path}/test.de,{tmp_path}/nope.en'
-  with pytest.raises(ValueError, match=r"eval_files: file '.*nope\.en' does not exist"):
+  with pytest.raises(FileNotFoundError, match=r"eval_files: file '.*nope\.en' does not exist"):
     _build(config)
   config.eval_files = f'{tmp_path}/test.de'
   with pytest.raises(ValueError, match="expected 'SOURCE_FILE,TARGET_FILE'"):

@@ -160,8 +160,9 @@ def test_jax_runs_on_cpu_without_jax_platforms_matches_the_backend():
   assert predicted == actual
 
 
-def test_mixed_precision_trains(tmp_path):
-  results = main.run(tiny_config(mixed_precision=True, total_steps=10), str(tmp_path / 'run'))
+def test_bfloat16_compute_trains(tmp_path):
+  results = main.run(tiny_config(total_steps=10, **{'model.dtype': 'bfloat16'}),
+                     str(tmp_path / 'run'))
   assert np.isfinite(results['loss'])
 
 

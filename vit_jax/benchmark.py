@@ -69,7 +69,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from vit_jax import models
+from vit_jax import errors, models
 from vit_jax.kernels import blas
 from vit_jax.models.attention import ATTENTION_IMPLEMENTATIONS, resolve_attention_impl
 from vit_jax.train import loop, optim
@@ -214,8 +214,8 @@ def _compile(fn: Callable, *args, options: dict | None = None) -> tuple[Any, flo
   except Exception as error:  # pylint: disable=broad-except  # XLA's own error types.
     if not options:
       raise
-    raise ValueError(f'XLA did not compile with --xla-option {options}: {error}. Check '
-                     'the option names against XLA_FLAGS=--help of this jaxlib.') from error
+    raise errors.ConfigError(f'XLA did not compile with --xla-option {options}: {error}. Check '
+                             'the option names against XLA_FLAGS=--help of this jaxlib.') from error
   return compiled, time.perf_counter() - start
 
 
@@ -225,8 +225,8 @@ def parse_xla_options(items: Sequence[str]) -> dict[str, bool | int | str]:
   for item in items:
     name, sep, value = item.partition('=')
     if not sep or not name:
-      raise ValueError(f'--xla-option {item!r} is not NAME=VALUE, e.g. '
-                       'xla_cpu_experimental_ynn_fusion_type= (an empty value is allowed).')
+      raise errors.ConfigError(f'--xla-option {item!r} is not NAME=VALUE, e.g. '
+                               'xla_cpu_experimental_ynn_fusion_type= (an empty value is allowed).')
     if value.lower() in ('true', 'false'):
       options[name] = value.lower() == 'true'
     elif re.fullmatch(r'-?\d+', value):
@@ -384,7 +384,7 @@ def import_timm(extra_path: str | None):
     import timm  # pylint: disable=g-import-not-at-top
     import torch  # pylint: disable=g-import-not-at-top
   except ImportError as error:
-    raise ImportError(
+    raise errors.MissingPackageError(
         f'--compare timm needs torch and timm ({error}). Install them (pip install torch '
         'timm), or point --timm-path at a site-packages directory that has them.') from error
   return torch, timm
@@ -404,11 +404,11 @@ class TimmRunner:
       self.device = torch.device('cpu')
       torch.set_num_threads(device_info()['cpu_cores'])  # The cores XLA uses.
     else:
-      raise RuntimeError(f'No torch device matches the JAX {platform} backend; '
-                         '--compare timm runs on CPUs and CUDA GPUs.')
+      raise errors.ConfigError(f'No torch device matches the JAX {platform} backend; '
+                               '--compare timm runs on CPUs and CUDA GPUs.')
     if args.model not in TIMM_NAMES:
-      raise ValueError(f'No timm counterpart of {args.model}; --compare timm knows '
-                       f'{", ".join(TIMM_NAMES)}.')
+      raise errors.ConfigError(f'No timm counterpart of {args.model}; --compare timm knows '
+                               f'{", ".join(TIMM_NAMES)}.')
     config = models.model_config(args.model)
     self.model = timm.create_model(
         TIMM_NAMES[args.model], pretrained=False, num_classes=NUM_CLASSES,
@@ -417,8 +417,8 @@ class TimmRunner:
     missing, unexpected = self.model.load_state_dict(
         {k: torch.tensor(np.array(v)) for k, v in state_dict.items()}, strict=False)
     if missing or unexpected:
-      raise ValueError(f'timm {TIMM_NAMES[args.model]} does not take our weights: missing '
-                       f'{missing[:5]}, unexpected {unexpected[:5]}.')
+      raise errors.ConfigError(f'timm {TIMM_NAMES[args.model]} does not take our weights: missing '
+                               f'{missing[:5]}, unexpected {unexpected[:5]}.')
     self.model.to(self.device)
     self.images = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))).to(
         self.device)
@@ -966,8 +966,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.tune_malloc = False
   try:
     report, text = run(args)
-  except (ImportError, ValueError, RuntimeError) as error:
-    print(f'{"python -m vit_jax.benchmark"}: error: {error}', file=sys.stderr)
+  except errors.UserError as error:
+    print(f'error: {error}', file=sys.stderr)
     return 1
   print(text)
   if args.json:

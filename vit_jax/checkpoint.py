@@ -1,6 +1,6 @@
 """ViT checkpoints in Google's published `.npz` layout: read, write, fit to a model.
 
-The layout (see FACTS.md section 3) is one float32 array per parameter, keyed by
+The layout is one float32 array per parameter, keyed by
 its path joined with '/': `cls`, `embedding/kernel`,
 `Transformer/posembed_input/pos_embedding`,
 `Transformer/encoderblock_{i}/{LayerNorm_0, MultiHeadDotProductAttention_1,
@@ -14,19 +14,18 @@ side, (1, 1, 1, C) GroupNorm arrays, a missing or extra `pre_logits`, another
 class count and another image resolution. Everything runs in numpy on the host.
 """
 
-import contextlib
 import io
 import logging
 import math
 import os
 import re
-import tempfile
-import uuid
 import zipfile
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 from flax.core import FrozenDict, freeze
 import numpy as np
+
+from vit_jax import errors, files
 
 FlatParams = dict[str, Any]  # '/'-joined parameter path -> array.
 
@@ -35,7 +34,6 @@ EXTRA_TOKENS = ('cls', 'dist')  # Parameters of the tokens before the patch grid
 HEAD_PREFIXES = ('head/', 'head_dist/')
 PRE_LOGITS_PREFIX = 'pre_logits/'
 STACKED_BLOCK = 'encoderblock'  # Segment name of the scanned block, layer axis first.
-REMOTE_SCHEMES = ('gs://', 's3://', 'hdfs://', 'http://', 'https://')
 
 # Current Flax numbers sub-modules per type; the published files number them
 # per block. Only the per-type names that differ need renaming.
@@ -216,92 +214,6 @@ def canonicalize(params: Mapping[str, Any]) -> FlatParams:
 # Files.
 
 
-def is_remote(path: str | os.PathLike) -> bool:
-  return os.fspath(path).startswith(REMOTE_SCHEMES)
-
-
-def _gfile():
-  try:
-    from tensorflow.io import gfile  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise ImportError('Reading or writing gs:// (and other remote) paths needs '
-                      'TensorFlow (tf.io.gfile); install tensorflow-cpu or copy the '
-                      'file to a local path first.') from e
-  return gfile
-
-
-def read_bytes(path: str | os.PathLike) -> bytes:
-  """Whole file: local, http(s) (urllib) or any tf.io.gfile scheme (gs://, ...)."""
-  path = os.fspath(path)
-  if path.startswith(('http://', 'https://')):
-    import urllib.request  # pylint: disable=g-import-not-at-top
-    with urllib.request.urlopen(path) as response:
-      return response.read()
-  if is_remote(path):
-    with _gfile().GFile(path, 'rb') as f:
-      return f.read()
-  with open(path, 'rb') as f:
-    return f.read()
-
-
-def path_exists(path: str | os.PathLike) -> bool:
-  path = os.fspath(path)
-  if path.startswith(('http://', 'https://')):
-    return False
-  return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
-
-
-def write_atomically(path: str | os.PathLike, write: Callable[[str], None], *,
-                     overwrite: bool = False) -> None:
-  """Calls `write(tmp_path)` for a temporary file, then renames it to `path`.
-
-  A crash or error inside `write` leaves `path` as it was (absent or old) and
-  removes the temporary file. Remote paths (tf.io.gfile) are written to a
-  local temporary file, copied beside `path` and renamed.
-
-  Raises:
-    FileExistsError: `path` exists and `overwrite` is False.
-  """
-  path = os.fspath(path)
-  if path.startswith(('http://', 'https://')):
-    raise ValueError(f'Cannot write to {path}: http(s) paths are read-only.')
-  if os.path.isdir(path):
-    raise IsADirectoryError(f'{path} is a directory; give a file name.')
-  if path_exists(path) and not overwrite:
-    raise FileExistsError(f'{path} already exists; pass overwrite=True (--overwrite on '
-                          'the command line) to replace it.')
-  if is_remote(path):
-    gfile = _gfile()
-    with tempfile.TemporaryDirectory() as local_dir:
-      local = os.path.join(local_dir, 'checkpoint')
-      write(local)
-      remote_tmp = f'{path}.tmp-{uuid.uuid4().hex}'
-      gfile.copy(local, remote_tmp, overwrite=True)
-      try:
-        gfile.rename(remote_tmp, path, overwrite=overwrite)
-      except BaseException:
-        with contextlib.suppress(Exception):
-          gfile.remove(remote_tmp)
-        raise
-    return
-  directory = os.path.dirname(os.path.abspath(path))
-  if not os.path.isdir(directory):
-    raise FileNotFoundError(f'Cannot write {path}: directory {directory} does not exist.')
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{os.path.basename(path)}.',
-                             suffix='.tmp')
-  os.close(fd)
-  try:
-    write(tmp)
-    with open(tmp, 'rb') as f:
-      os.fsync(f.fileno())
-    os.chmod(tmp, 0o644)  # mkstemp makes it owner-only.
-    os.replace(tmp, path)
-  except BaseException:
-    with contextlib.suppress(FileNotFoundError):
-      os.unlink(tmp)
-    raise
-
-
 def load_npz(path: str | os.PathLike) -> dict[str, Any]:
   """Nested float32 params from an `.npz` whose keys are '/'-joined parameter paths.
 
@@ -313,23 +225,25 @@ def load_npz(path: str | os.PathLike) -> dict[str, Any]:
     ValueError: the file is not a readable `.npz` (truncated or corrupt).
   """
   path = os.fspath(path)
+  if not files.is_remote(path) and not os.path.exists(path):
+    raise errors.MissingFileError(f'Checkpoint {path} does not exist.')
   try:
-    source = io.BytesIO(read_bytes(path)) if is_remote(path) else path
+    source = io.BytesIO(files.read_bytes(path)) if files.is_remote(path) else path
     archive = np.load(source, allow_pickle=False)
     if not isinstance(archive, np.lib.npyio.NpzFile):
       raise ValueError('it holds a single array (.npy), not named arrays')
     with archive:
       flat = {name: _as_float32(name, archive[name]) for name in archive.files}
-  except FileNotFoundError as e:
-    raise FileNotFoundError(f'Checkpoint {path} does not exist.') from e
+  except errors.MissingFileError:
+    raise
   except (IsADirectoryError, PermissionError):
     raise
   except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
-    raise ValueError(f'Cannot read checkpoint {path}: {type(e).__name__}: {e}. The file '
-                     'is truncated or corrupt, or not an .npz; download or write it '
-                     'again.') from e
+    raise errors.BadFileError(f'Cannot read checkpoint {path}: {type(e).__name__}: {e}. The '
+                              'file is truncated or corrupt, or not an .npz; download or '
+                              'write it again.') from e
   if not flat:
-    raise ValueError(f'Checkpoint {path} holds no arrays.')
+    raise errors.BadFileError(f'Checkpoint {path} holds no arrays.')
   return unflatten_params(flat)
 
 
@@ -350,7 +264,7 @@ def save_npz(path: str | os.PathLike, params: Mapping[str, Any], *,
     with open(tmp_path, 'wb') as f:
       np.savez(f, **flat)
 
-  write_atomically(path, write, overwrite=overwrite)
+  files.write_atomically(path, write, overwrite=overwrite)
 
 
 # ----------------------------------------------------------------------------
@@ -416,14 +330,14 @@ def _init_value(name: str, value: Any, why: str) -> np.ndarray:
 
 
 def format_mismatches(problems: list[tuple[str, Any, Any]]) -> str:
-  """'  name: file shape vs model shape' lines for the first few (name, shape, shape)."""
+  """'name: file shape vs model shape; ...' for the first few (name, shape, shape), one line."""
   def show(shape):
     return 'missing' if shape is None else str(tuple(shape))
-  lines = [f'  {name}: {show(file_shape)} vs {show(model_shape)}'
+  items = [f'{name}: {show(file_shape)} vs {show(model_shape)}'
            for name, file_shape, model_shape in problems[:_MAX_LISTED]]
   if len(problems) > _MAX_LISTED:
-    lines.append(f'  ... and {len(problems) - _MAX_LISTED} more')
-  return '\n'.join(lines)
+    items.append(f'and {len(problems) - _MAX_LISTED} more')
+  return '; '.join(items)
 
 
 def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
@@ -518,11 +432,11 @@ def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
   if problems:
     # Top-level names (embedding, tokens, head) tell most; block names come after.
     problems.sort(key=lambda problem: 'encoderblock_' in problem[0])
-    raise ValueError(
+    raise errors.ConfigError(
         f'{source_desc} does not fit the model: {len(problems)} mismatched parameter(s) '
-        f'(file vs model):\n{format_mismatches(problems)}\nCheck that the checkpoint '
+        f'(file vs model: {format_mismatches(problems)}). Check that the checkpoint '
         'is of the same architecture (width, depth, patch size, hybrid stem, '
-        'classifier tokens).')
+        'classifier tokens) as the model named in the config.')
   for name, why in from_model.items():
     result[name] = _init_value(name, target[name], why)
     _log.info('%s: taken from the model (%s).', name, why)

@@ -38,7 +38,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 import safetensors.numpy
 
-from vit_jax import checkpoint
+from vit_jax import checkpoint, errors, files
 from vit_jax.checkpoint import EXTRA_TOKENS, POSEMB, FlatParams
 
 # ----------------------------------------------------------------------------
@@ -172,16 +172,16 @@ def to_timm(params: Mapping[str, Any]) -> dict[str, np.ndarray]:
       names = _our_names(rule, index)
       missing = [n for n in names if n not in flat]
       if missing:
-        raise ValueError(f'{name} has no partner(s) {missing}: timm\'s '
-                         f'{rule.timm.format(**index)} is made of {names} together.')
+        raise errors.BadFileError(f'{name} has no partner(s) {missing}: timm\'s '
+                                  f'{rule.timm.format(**index)} is made of {names} together.')
       state_dict[rule.timm.format(**index)] = np.ascontiguousarray(
           rule.transform.to_timm([flat[n] for n in names]), dtype=np.float32)
       used.update(names)
   unmapped = [name for name in flat if name not in used]
   if unmapped:
-    raise ValueError(f'No timm name for {len(unmapped)} parameter(s): {unmapped[:10]}. '
-                     'Only ViT, DeiT and ResNet-hybrid parameters in the published '
-                     'layout can be converted.')
+    raise errors.BadFileError(f'No timm name for {len(unmapped)} parameter(s): {unmapped[:10]}. '
+                              'Only ViT, DeiT and ResNet-hybrid parameters in the published '
+                              'layout can be converted.')
   if _stem_is_whole_backbone(list(state_dict)):
     state_dict = {(_TIMM_STEM_ONLY + name[len(_TIMM_STEM):] if name.startswith(_TIMM_STEM)
                    else name): value for name, value in state_dict.items()}
@@ -218,13 +218,13 @@ def timm_to_flat(state_dict: Mapping[str, Any], *, num_heads: int) -> FlatParams
     try:
       values = rule.transform.from_timm(value, num_heads)
     except ValueError as e:
-      raise ValueError(f'timm {timm_name} of shape {value.shape} does not split into '
-                       f'{names} with num_heads={num_heads}: {e}') from e
+      raise errors.BadFileError(f'timm {timm_name} of shape {value.shape} does not split into '
+                                f'{names} with num_heads={num_heads}: {e}') from e
     flat.update(zip(names, values, strict=True))
   if unknown:
-    raise ValueError(f'{len(unknown)} timm parameter(s) have no counterpart in the '
-                     f'published ViT layout: {unknown[:10]}. The Flax models have no '
-                     'fc_norm, LayerScale, register tokens, q/k norms or pre-norm.')
+    raise errors.BadFileError(f'{len(unknown)} timm parameter(s) have no counterpart in the '
+                              f'published ViT layout: {unknown[:10]}. The Flax models have no '
+                              'fc_norm, LayerScale, register tokens, q/k norms or pre-norm.')
   return flat
 
 
@@ -233,7 +233,7 @@ def num_heads_of(params: Mapping[str, Any]) -> int:
   for name, value in checkpoint.flatten_params(params).items():
     if name.endswith('/query/kernel'):
       return int(value.shape[-2])  # (D, N, H), or (L, D, N, H) when scanned.
-  raise ValueError('The params have no attention `query/kernel`; they are not a ViT.')
+  raise errors.ConfigError('The params have no attention `query/kernel`; they are not a ViT.')
 
 
 def from_timm(state_dict: Mapping[str, Any], init_params: Mapping[str, Any], *,
@@ -261,7 +261,7 @@ def save_safetensors(path: str | os.PathLike, state_dict: Mapping[str, Any], *,
     FileExistsError: `path` exists and `overwrite` is False.
   """
   tensors = {name: np.ascontiguousarray(value) for name, value in state_dict.items()}
-  checkpoint.write_atomically(
+  files.write_atomically(
       path, lambda tmp: safetensors.numpy.save_file(tensors, tmp, metadata={'format': 'pt'}),
       overwrite=overwrite)
 
@@ -274,16 +274,16 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     ValueError: the file is truncated or corrupt.
   """
   path = os.fspath(path)
-  if not checkpoint.is_remote(path) and not os.path.isfile(path):
-    raise FileNotFoundError(f'Checkpoint {path} does not exist.')
+  if not files.is_remote(path) and not os.path.isfile(path):
+    raise errors.MissingFileError(f'Checkpoint {path} does not exist.')
   try:
-    if checkpoint.is_remote(path):
-      return safetensors.numpy.load(checkpoint.read_bytes(path))
+    if files.is_remote(path):
+      return safetensors.numpy.load(files.read_bytes(path))
     return safetensors.numpy.load_file(path)
   except Exception as e:  # safetensors raises its own SafetensorError.
-    raise ValueError(f'Cannot read checkpoint {path}: {type(e).__name__}: {e}. The file '
-                     'is truncated or corrupt, or not .safetensors; download or write '
-                     'it again.') from e
+    raise errors.BadFileError(f'Cannot read checkpoint {path}: {type(e).__name__}: {e}. The file '
+                              'is truncated or corrupt, or not .safetensors; download or write '
+                              'it again.') from e
 
 
 # ----------------------------------------------------------------------------
@@ -298,8 +298,8 @@ def file_format(path: str) -> str:
     return 'orbax'
   extension = os.path.splitext(path)[1].lower()
   if extension not in FORMATS:
-    raise ValueError(f'Cannot tell the format of {path} from its extension; use one of '
-                     f'{sorted(FORMATS)}, or a directory for an orbax checkpoint.')
+    raise errors.ConfigError(f'Cannot tell the format of {path} from its extension; use one of '
+                             f'{sorted(FORMATS)}, or a directory for an orbax checkpoint.')
   return FORMATS[extension]
 
 
@@ -307,8 +307,8 @@ def read_orbax(path: str) -> dict:
   """The params of the latest orbax checkpoint in the workdir `path` (nested, numpy)."""
   from vit_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(os.path.join(path, 'checkpoints')):
-    raise ValueError(f'{path} is not a vit_jax workdir: it has no checkpoints/ directory.')
-  return checkpointing.Checkpointer(path).restore_params()
+    raise errors.ConfigError(f'{path} is not a vit_jax workdir: it has no checkpoints/ directory.')
+  return checkpointing.restore_params(path)[0]
 
 
 def write_orbax(path: str, params: Mapping[str, Any], *, overwrite: bool = False) -> None:
@@ -325,7 +325,7 @@ def write_orbax(path: str, params: Mapping[str, Any], *, overwrite: bool = False
     raise FileExistsError(f'{path} already exists; pass --overwrite to replace it.')
   parent = os.path.dirname(path)
   if not os.path.isdir(parent):
-    raise FileNotFoundError(f'Cannot write {path}: directory {parent} does not exist.')
+    raise errors.MissingFileError(f'Cannot write {path}: directory {parent} does not exist.')
   staging = tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(path)}.')
   try:
     writer = checkpointing.Checkpointer(staging, keep=1)
@@ -347,8 +347,8 @@ def read_published(path: str, *, model: str | None = None) -> FlatParams:
     return checkpoint.canonicalize(checkpoint.load_npz(path))
   state_dict = load_safetensors(path)
   if model is None:
-    raise ValueError(f'Reading the timm file {path} needs --model NAME (e.g. --model '
-                     'ViT-B_16): the number of attention heads is not stored in it.')
+    raise errors.ConfigError(f'Reading the timm file {path} needs --model NAME (e.g. --model '
+                             'ViT-B_16): the number of attention heads is not stored in it.')
   return timm_to_flat(state_dict, num_heads=_model_config(model)['num_heads'])
 
 
@@ -356,8 +356,8 @@ def _model_config(name: str) -> dict:
   from vit_jax import models  # pylint: disable=g-import-not-at-top
   config = models.model_config(name)
   if 'patch_size' not in config:
-    raise ValueError(f'{name} is not a ViT model; checkpoints convert only ViT, DeiT and '
-                     'hybrid models.')
+    raise errors.ConfigError(f'{name} is not a ViT model; checkpoints convert only ViT, DeiT and '
+                             'hybrid models.')
   return config
 
 
@@ -374,8 +374,8 @@ def check_against_model(flat: FlatParams, name: str) -> None:
   if 'pre_logits/bias' in flat:
     overrides['representation_size'] = flat['pre_logits/bias'].shape[0]
   model = models.get_model(name, **overrides)
-  layers = config.get('resnet_layers')
-  stride = config['patch_size'][0] * (1 if layers is None else 4 * 2**max(len(layers) - 1, 0))
+  from vit_jax.models.vit import stem_stride  # pylint: disable=g-import-not-at-top
+  stride = config['patch_size'][0] * stem_stride(config.get('resnet_layers'))
   side = 16
   if POSEMB in flat:
     grid_tokens = flat[POSEMB].shape[1] - sum(token in flat for token in EXTRA_TOKENS)
@@ -387,8 +387,9 @@ def check_against_model(flat: FlatParams, name: str) -> None:
   problems = [(n, found.get(n), expected.get(n)) for n in {**expected, **found}
               if found.get(n) != expected.get(n)]
   if problems:
-    raise ValueError(f'The file is not a {name} checkpoint: {len(problems)} mismatched '
-                     f'parameter(s) (file vs model):\n{checkpoint.format_mismatches(problems)}')
+    raise errors.ConfigError(f'The file is not a {name} checkpoint: {len(problems)} mismatched '
+                             'parameter(s) (file vs model: '
+                             f'{checkpoint.format_mismatches(problems)}).')
 
 
 def convert_file(src: str, dst: str, *, model: str | None = None,
@@ -396,7 +397,7 @@ def convert_file(src: str, dst: str, *, model: str | None = None,
   """Converts SRC to DST (formats from the extensions); DST is written all or nothing."""
   dst_format = file_format(dst)
   file_format(src)
-  if checkpoint.path_exists(dst) and not overwrite:
+  if files.exists(dst) and not overwrite:
     raise FileExistsError(f'{dst} already exists; pass --overwrite to replace it.')
   flat = read_published(src, model=model)
   if model is not None:
@@ -450,8 +451,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   except BrokenPipeError:  # `--print ... | head`: the reader has all it wants.
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
-  except (ValueError, OSError, ImportError) as e:
-    print(f'{parser.prog}: error: {e}', file=sys.stderr)
+  except (errors.UserError, FileExistsError) as e:
+    print(f'error: {e}', file=sys.stderr)
     return 1
   print(f'Wrote {args.dst}')
   return 0

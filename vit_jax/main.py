@@ -1,26 +1,31 @@
 """Command line: `python -m vit_jax.main --config=configs/FILE.py[:ARGS] --workdir=DIR`.
 
-Flags -> config -> trainer. `--config.KEY=VALUE` overrides any config field;
-unknown fields are an error (the config is locked). On many hosts every host runs
-the same command, with --coordinator_address, --num_processes and --process_id
+Flags -> config -> mode (`config.trainer`) -> task. `--config.FIELD=VALUE` overrides any
+config field; unknown fields are an error (the config is locked). A user's mistake prints
+one line, `error: ...`, and exits non-zero; a bug keeps its traceback. On many hosts every
+host runs the same command, with --coordinator_address, --num_processes and --process_id
 unless a launcher sets them (`vit_jax.train.distributed`).
 """
 
+import functools
 import os
 import sys
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vit_jax import utils
-from vit_jax.train import distributed
+from vit_jax import errors, utils
+from vit_jax.train import distributed, flag_errors
 
-# Without --config, the config saved in --workdir by an earlier run.
+# Without --config, the config saved in --workdir by an earlier run (flag_errors.parse_flags
+# puts it on the command line, so that it is parsed with the overrides).
 _SAVED_CONFIG = os.path.join(os.path.dirname(__file__), 'train', 'saved_config.py')
 _CONFIG = config_flags.DEFINE_config_file(
-    'config', _SAVED_CONFIG, 'Config file (configs/*.py[:ARGS]); default: WORKDIR/config.json.',
+    'config', None, 'Config file (configs/*.py[:ARGS]); default: WORKDIR/config.json.',
     lock_config=True)
-_WORKDIR = flags.DEFINE_string('workdir', None, 'Directory for checkpoints and metrics.')
+_WORKDIR = flags.DEFINE_string(
+    'workdir', None, 'Directory for checkpoints and metrics: local, or any filesystem '
+    'tf.io.gfile reaches (gs://...). trainer=predict with config.pretrained needs none.')
 _DISTRIBUTED = flags.DEFINE_enum(
     'distributed', 'auto', distributed.MODES,
     "JAX's distributed runtime: 'auto' starts it when --coordinator_address, --num_processes, "
@@ -44,55 +49,95 @@ def tune_malloc_for(config) -> None:
     logging.warning('config.tune_malloc needs glibc (Linux); running without it.')
 
 
+# --- Modes: each a short function of (config, workdir) over the config's task. ---
+
+
+def _task(config, workdir: str):
+  # pylint: disable=g-import-not-at-top
+  if config.task == 'classification':
+    from vit_jax.train.classification import ClassificationTask
+    return ClassificationTask(config, workdir)
+  from vit_jax.train.translation import TranslationTask
+  return TranslationTask(config, workdir)
+
+
+def _train(config, workdir: str):
+  from vit_jax.train import checkpointing, loop  # pylint: disable=g-import-not-at-top
+  checkpointing.check_task(workdir, config.task)
+  return loop.train(config, workdir, _task(config, workdir))
+
+
+def _evaluate(config, workdir: str):
+  from vit_jax.train import checkpointing, loop  # pylint: disable=g-import-not-at-top
+  checkpointing.check_task(workdir, config.task)
+  return loop.evaluate(config, workdir, _task(config, workdir))
+
+
+def _predict(config, workdir: str):
+  from vit_jax.train import prediction  # pylint: disable=g-import-not-at-top
+  return prediction.run(config, workdir)
+
+
+def _translate(config, workdir: str):
+  from vit_jax.train import translation  # pylint: disable=g-import-not-at-top
+  return translation.translate(config, workdir)
+
+
+def _visualize(config, workdir: str):
+  from vit_jax.train import visualization  # pylint: disable=g-import-not-at-top
+  return visualization.run(config, workdir)
+
+
+MODES = {'train': _train, 'evaluate': _evaluate, 'predict': _predict,
+         'translate': _translate, 'visualize': _visualize}
+
+
 def run(config, workdir: str):
-  """Runs `config.trainer` ('train', 'evaluate', 'translate', 'visualize') on `config.task`.
+  """Runs mode `config.trainer` (see MODES and config.TRAINERS) on `config.task`.
 
   `config.tune_malloc` is a setting of the whole process, which `main` applies at
   start-up (`tune_malloc_for`); callers of `run` apply it themselves, if at all.
   """
-  from vit_jax.train import loop  # Imported here so that --help stays fast.
-  tasks = {'classification': 'vit_jax.train.classification:ClassificationTask',
-           'translation': 'vit_jax.train.translation:TranslationTask'}
-  trainers = {'train': loop.train, 'evaluate': loop.evaluate}
-  if config.task not in tasks:
-    raise ValueError(f'Unknown config.task {config.task!r}; choose one of {sorted(tasks)}.')
-  if config.trainer == 'visualize':
-    from vit_jax.train import visualization
-    return visualization.run(config, workdir)
-  if config.trainer == 'translate' and config.task == 'translation':
-    from vit_jax.train import translation
-    return translation.translate(config, workdir)
-  if config.trainer not in trainers:
-    known = sorted(trainers) + ['visualize'] + (
-        ['translate'] if config.task == 'translation' else [])
-    raise ValueError(f'Unknown config.trainer {config.trainer!r} for task {config.task}; '
-                     f'choose one of {known}.')
-  module_name, class_name = tasks[config.task].split(':')
-  task = getattr(__import__(module_name, fromlist=[class_name]), class_name)(config, workdir)
-  return trainers[config.trainer](config, workdir, task)
+  from vit_jax.train import config as config_lib  # pylint: disable=g-import-not-at-top
+  if config.task not in config_lib.TRAINERS:
+    raise errors.ConfigError(f'Unknown config.task {config.task!r}; choose one of '
+                             f'{sorted(config_lib.TRAINERS)}.')
+  known = config_lib.TRAINERS[config.task]
+  if config.trainer not in known:
+    raise errors.ConfigError(f'config.trainer={config.trainer!r} is not a mode of the '
+                             f'{config.task} task; choose one of {", ".join(known)}.')
+  return MODES[config.trainer](config, workdir)
 
 
 def main(argv):
   if len(argv) > 1:
-    raise app.UsageError(f'Unexpected arguments: {argv[1:]}')
-  if _WORKDIR.value is None:
-    raise app.UsageError('--workdir is required, e.g.\n  python -m vit_jax.main '
-                         '--config=configs/vit_digits.py --workdir=runs/digits')
-  if not _CONFIG.value.task:
-    raise app.UsageError(f'No --config given and {_WORKDIR.value} holds no config.json of an '
-                         'earlier run; pass --config=configs/FILE.py, e.g. '
-                         '--config=configs/vit_digits.py.')
+    raise errors.ConfigError(f'Unexpected arguments {argv[1:]}: flags are --NAME=VALUE, '
+                             'config fields --config.FIELD=VALUE.')
+  config, workdir = _CONFIG.value, _WORKDIR.value
+  flag_errors.check_values(config)
+  if not config.task:
+    raise errors.ConfigError(
+        f'No --config given and --workdir={workdir} holds no config.json of an earlier run; '
+        'pass --config=configs/FILE.py, e.g. --config=configs/vit_digits.py.')
+  if workdir is None and not (config.trainer == 'predict' and config.get('pretrained')):
+    raise errors.ConfigError('--workdir is required, e.g. python -m vit_jax.main '
+                             '--config=configs/vit_digits.py --workdir=runs/digits')
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # Orbax and TF are chatty at INFO.
-  tune_malloc_for(_CONFIG.value)  # First: before JAX, TF or orbax start threads.
+  tune_malloc_for(config)  # First: before JAX, TF or orbax start threads.
+  distributed.initialize(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
+                         _PROCESS_ID.value, _DISTRIBUTED_TIMEOUT.value)
+  run(config, workdir)
+
+
+def _main_with_errors(argv):
   try:
-    distributed.initialize(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
-                           _PROCESS_ID.value, _DISTRIBUTED_TIMEOUT.value)
-    run(_CONFIG.value, _WORKDIR.value)
-  except (ValueError, FileNotFoundError, RuntimeError) as error:
-    print(f'error: {error}', file=sys.stderr)
+    main(argv)
+  except errors.UserError as error:
+    print(f'error: {" ".join(str(error).split())}', file=sys.stderr)
     sys.exit(1)
 
 
 if __name__ == '__main__':
-  app.run(main)
+  app.run(_main_with_errors,
+          flags_parser=functools.partial(flag_errors.parse_flags, default_spec=_SAVED_CONFIG))

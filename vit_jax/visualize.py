@@ -20,6 +20,8 @@ import jax
 import numpy as np
 from flax import traverse_util
 
+from vit_jax import errors
+
 # Tokens in front of the patches, per ViT classifier.
 PREFIX_TOKENS = {'token': 1, 'token_distill': 2, 'gap': 0}
 HEAD_FUSIONS = ('mean', 'max', 'min')
@@ -164,7 +166,7 @@ def class_token_maps(weights: np.ndarray, layer: int = -1, num_prefix_tokens: in
   """
   num_layers = weights.shape[0]
   if not -num_layers <= layer < num_layers:
-    raise ValueError(f'layer={layer} is out of range for a model with {num_layers} layers.')
+    raise errors.ConfigError(f'layer={layer} is out of range for a model with {num_layers} layers.')
   rows = _query_rows(weights[layer], num_prefix_tokens)  # (B, N, patches)
   return rows.reshape(*rows.shape[:-1], *_grid_shape(rows.shape[-1], grid_shape))
 
@@ -324,8 +326,8 @@ def read_metrics(path: str) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]
   if os.path.isdir(path):
     path = os.path.join(path, 'metrics.jsonl')
   if not os.path.exists(path):
-    raise FileNotFoundError(f'No metrics at {path}: pass the workdir of a vit_jax run that has '
-                            'logged at least once.')
+    raise errors.MissingFileError(f'No metrics at {path}: pass the workdir of a vit_jax run that '
+                                  'has logged at least once.')
   series: dict[str, dict[str, list[tuple[int, float]]]] = {}
   with open(path) as f:
     for line in f:

@@ -20,6 +20,8 @@ from typing import Callable
 
 import numpy as np
 
+from vit_jax import errors
+
 FIRST_DATE = datetime.date(1900, 1, 1)
 LAST_DATE = datetime.date(2099, 12, 31)
 NUM_DAYS = LAST_DATE.toordinal() - FIRST_DATE.toordinal() + 1  # 73049.
@@ -173,10 +175,10 @@ def generate(train_size: int, test_size: int, seed: int = 0
   train_size <= NUM_DAYS - test_size, cycling after that).
   """
   if not 0 < test_size < NUM_DAYS:
-    raise ValueError(f'dates_test_size={test_size} must be in [1, {NUM_DAYS - 1}] (one date '
-                     f'per test example; there are {NUM_DAYS} dates in 1900-2099).')
+    raise errors.ConfigError(f'dates_test_size={test_size} must be in [1, {NUM_DAYS - 1}] (one '
+                             f'date per test example; there are {NUM_DAYS} dates in 1900-2099).')
   if train_size < 1:
-    raise ValueError(f'dates_train_size={train_size} must be >= 1.')
+    raise errors.ConfigError(f'dates_train_size={train_size} must be >= 1.')
   split_seed, train_seed, test_seed = np.random.SeedSequence(seed).spawn(3)
   days = np.random.default_rng(split_seed).permutation(NUM_DAYS)
   test_days, train_days = days[:test_size], days[test_size:]

@@ -11,11 +11,14 @@
 Importing this module is cheap; TensorFlow is imported by `build`.
 """
 
+import re
 from typing import Iterator
 
 import ml_collections
+from ml_collections import config_dict
 import numpy as np
 
+from vit_jax import errors
 from vit_jax.data import hosts
 
 _AUTOTUNE = -1  # tf.data.AUTOTUNE, spelled out so that building a config needs no TensorFlow.
@@ -30,8 +33,10 @@ def default_config() -> ml_collections.ConfigDict:
   config.dataset = 'digits'
   config.train_split = 'train'  # TFDS split ('train[:98%]'), folder subdirectory, digits 'train'.
   config.test_split = 'test'  # Likewise ('validation' for imagenet2012, 'train[98%:]', ...).
-  config.tfds_data_dir = None  # TFDS data_dir; None: TFDS's default ($TFDS_DATA_DIR or ~/...).
-  config.tfds_manual_dir = None  # Manually downloaded archives (imagenet2012); None: TFDS default.
+  # TFDS data_dir; None: TFDS's default ($TFDS_DATA_DIR or ~/...).
+  config.tfds_data_dir = config_dict.placeholder(str)
+  # Manually downloaded archives (imagenet2012); None: TFDS default.
+  config.tfds_manual_dir = config_dict.placeholder(str)
   config.tfds_download = True  # Run download_and_prepare when the TFDS dataset is not prepared.
   config.image_size = 8  # Model input resolution (square); 8 is digits' own size.
   config.channels = 3  # 3: RGB (grayscale repeated, alpha dropped); 1: grayscale.
@@ -59,7 +64,8 @@ def _checked_config(config) -> ml_collections.ConfigDict:
   checked = default_config()
   unknown = sorted(set(config.keys()) - set(checked.keys()))
   if unknown:
-    raise ValueError(f'Unknown data config keys {unknown}; known keys: {sorted(checked.keys())}.')
+    raise errors.ConfigError(f'Unknown data config keys {unknown}; known keys: '
+                             f'{sorted(checked.keys())}.')
   checked.update(dict(config.items()))
   problems = []
 
@@ -86,7 +92,7 @@ def _checked_config(config) -> ml_collections.ConfigDict:
           'an int >= 1')
   require(is_int(checked.prefetch) and checked.prefetch >= -1, 'prefetch', '-1 (AUTOTUNE) or >= 0')
   if problems:
-    raise ValueError('Invalid data config: ' + '; '.join(problems) + '.')
+    raise errors.ConfigError('Invalid data config: ' + '; '.join(problems) + '.')
   return checked
 
 
@@ -240,9 +246,15 @@ class ImageDataset:
 
 
 def load_files(paths: list[str], config=None) -> np.ndarray:
-  """Image files (PNG/JPEG, any size) -> model inputs like test images: float32 (B, H, W, C).
+  """Image files (PNG, JPEG, GIF or BMP, any size) -> model inputs like test images.
 
-  `config` is a data config (or dict); only image_size, channels and eval_resize_ratio matter.
+  Returns float32 (B, H, W, C) in [-1, 1]. `config` is a data config (or dict); only
+  image_size, channels and eval_resize_ratio matter. Paths may be on any filesystem
+  tf.io.gfile reaches.
+
+  Raises:
+    MissingFileError: a file does not exist.
+    BadFileError: a file is not an image (or is a truncated one).
   """
   from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
   from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
@@ -250,8 +262,14 @@ def load_files(paths: list[str], config=None) -> np.ndarray:
   images = []
   for path in paths:
     if not tf.io.gfile.exists(path):
-      raise FileNotFoundError(f'Image file {path!r} does not exist.')
-    image = tf.io.decode_image(tf.io.read_file(path), expand_animations=False)
+      raise errors.MissingFileError(f'Image file {path!r} does not exist.')
+    try:
+      image = tf.io.decode_image(tf.io.read_file(path), channels=config.channels,
+                                 expand_animations=False)
+    except tf.errors.InvalidArgumentError as e:
+      reason = re.sub(r'\{\{.*?\}\}|\[Op:.*', '', e.message).strip()
+      raise errors.BadFileError(f'{path} is not an image that can be read (PNG, JPEG, GIF or '
+                                f'BMP): {reason}') from None
     images.append(preprocess.eval_images(image, config).numpy())
   return np.stack(images)
 

@@ -11,6 +11,7 @@ import math
 
 import ml_collections
 
+from vit_jax import errors
 from vit_jax.data import augment
 from vit_jax.data.tf_cpu import tf
 
@@ -137,7 +138,7 @@ def train_images(images, seed, config: ml_collections.ConfigDict):
   elif config.train_crop == 'resize':
     images = resize(images, size)
   else:
-    raise ValueError(f'config.train_crop={config.train_crop!r} is not a known train crop.')
+    raise errors.ConfigError(f'config.train_crop={config.train_crop!r} is not a known train crop.')
   images = tf.ensure_shape(images, [None, size, size, config.channels])
   if config.flip:
     images = random_flip(images, flip_seed)

@@ -17,6 +17,7 @@ from absl import logging
 import ml_collections
 import numpy as np
 
+from vit_jax import errors, files
 from vit_jax.data.tf_cpu import tf
 
 DIGITS_NUM_TEST = 360  # Of sklearn's 1797 digits; the other 1437 are the train split.
@@ -127,8 +128,8 @@ def load_digits(config: ml_collections.ConfigDict, process_index: int,
   arrays = digits_splits()
   for key in ('train_split', 'test_split'):
     if config[key] not in arrays:
-      raise ValueError(f"config.{key}={config[key]!r}, but the digits dataset only has splits "
-                       "'train' (1437 images) and 'test' (360 images).")
+      raise errors.ConfigError(f"config.{key}={config[key]!r}, but the digits dataset only has "
+                               "splits 'train' (1437 images) and 'test' (360 images).")
   splits = {'train': arrays[config.train_split], 'test': arrays[config.test_split]}
   class_names = tuple(str(digit) for digit in range(10))
   return _in_memory_source('digits', class_names, splits, process_index, process_count)
@@ -143,8 +144,8 @@ def _tfds_split_size(builder, split) -> int:
     try:
       return builder.info.splits[split].num_examples
     except (KeyError, ValueError) as e:
-      raise ValueError(f'Split {split!r} is not valid for TFDS dataset {builder.name!r}, whose '
-                       f'splits are {sorted(builder.info.splits)}: {e}') from e
+      raise errors.ConfigError(f'Split {split!r} is not valid for TFDS dataset {builder.name!r}, '
+                               f'whose splits are {sorted(builder.info.splits)}: {e}') from e
   cardinality = int(builder.as_dataset(split=split).cardinality())
   if cardinality >= 0:
     return cardinality
@@ -160,15 +161,16 @@ def _prepare_tfds(builder, name: str, config: ml_collections.ConfigDict, tfds):
          'DIR to this machine and set config.data.tfds_data_dir=DIR.')
   where = f'{builder.data_dir} (config.data.tfds_data_dir={config.tfds_data_dir!r})'
   if not config.tfds_download:
-    raise RuntimeError(f'TFDS dataset {name!r} is not prepared in {where} and '
-                       f'config.data.tfds_download is False. {how}')
+    raise errors.DataUnavailableError(f'TFDS dataset {name!r} is not prepared in {where} and '
+                                      f'config.data.tfds_download is False. {how}')
   logging.info('Preparing TFDS dataset %s in %s', name, builder.data_dir)
   try:
     builder.download_and_prepare(
         download_config=tfds.download.DownloadConfig(manual_dir=config.tfds_manual_dir))
   except Exception as e:  # Offline, missing manual files, ...: all end here.
-    raise RuntimeError(f'TFDS dataset {name!r} is not prepared in {where}, and preparing it failed '
-                       f'({type(e).__name__}: {e}). {how}') from e
+    raise errors.DataUnavailableError(
+        f'TFDS dataset {name!r} is not prepared in {where}, and preparing it failed '
+        f'({type(e).__name__}: {e}). {how}') from e
 
 
 def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_count: int,
@@ -182,8 +184,9 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
   features = builder.info.features
   label_feature = features['label'] if 'label' in features else None
   if 'image' not in features or not isinstance(label_feature, tfds.features.ClassLabel):
-    raise ValueError(f"TFDS dataset {name!r} needs an 'image' feature and a 'label' ClassLabel "
-                     f'feature to be used for classification; its features are {features}.')
+    raise errors.ConfigError(f"TFDS dataset {name!r} needs an 'image' feature and a 'label' "
+                             "ClassLabel feature to be used for classification; its features are "
+                             f"{features}.")
   image_feature = features['image']
   skip_decoding = isinstance(image_feature, tfds.features.Image)
 
@@ -239,9 +242,10 @@ def _has_image_signature(path: str) -> bool:
   return head.startswith(_PNG_SIGNATURE) or head.startswith(_JPEG_SIGNATURE)
 
 
-def _list_class_dirs(split_dir: str) -> list[str]:
-  return sorted(entry.name for entry in os.scandir(split_dir)
-                if entry.is_dir() and not entry.name.startswith('.'))
+def list_class_dirs(split_dir: str) -> list[str]:
+  """The class directories of an image folder's split, sorted (their index is the label)."""
+  return [name for name in files.listdir(split_dir)
+          if not name.startswith('.') and files.isdir(files.join(split_dir, name))]
 
 
 def _list_images(split_dir: str, class_names: list[str]) -> tuple[list[str], list[int]]:
@@ -279,20 +283,21 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
   split_dirs = {key: os.path.join(root, config[key]) for key in ('train_split', 'test_split')}
   for key, split_dir in split_dirs.items():
     if not os.path.isdir(split_dir):
-      raise ValueError(f'Image folder {root!r} has no {config[key]!r} subdirectory '
-                       f'(config.data.{key}); expected the layout {_FOLDER_LAYOUT}.')
-  class_names = _list_class_dirs(split_dirs['train_split'])
-  unknown = sorted(set(_list_class_dirs(split_dirs['test_split'])) - set(class_names))
+      raise errors.ConfigError(f'Image folder {root!r} has no {config[key]!r} subdirectory '
+                               f'(config.data.{key}); expected the layout {_FOLDER_LAYOUT}.')
+  class_names = list_class_dirs(split_dirs['train_split'])
+  unknown = sorted(set(list_class_dirs(split_dirs['test_split'])) - set(class_names))
   if unknown:
-    raise ValueError(f'Test folder {split_dirs["test_split"]!r} has classes {unknown} that the '
-                     f'train folder {split_dirs["train_split"]!r} does not have; labels come from '
-                     'the train folder, so every test class needs a train folder too.')
+    raise errors.ConfigError(f'Test folder {split_dirs["test_split"]!r} has classes {unknown} that '
+                             f'the train folder {split_dirs["train_split"]!r} does not have; '
+                             'labels come from the train folder, so every test class needs a '
+                             'train folder too.')
 
   shares, sizes, skipped_files = {}, {}, []
   for key, split_dir in split_dirs.items():
     paths, labels = _list_images(split_dir, class_names)
     if not paths:
-      raise ValueError(f'No images in {split_dir!r}: expected the layout {_FOLDER_LAYOUT}.')
+      raise errors.ConfigError(f'No images in {split_dir!r}: expected the layout {_FOLDER_LAYOUT}.')
     paths, labels, skipped = _drop_non_images(paths, labels)
     if skipped:
       skipped_files.extend(skipped)
@@ -300,7 +305,7 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
                       len(skipped), len(paths) + len(skipped), split_dir,
                       skipped[:_NUM_SKIPPED_NAMES_LOGGED])
     if not paths:
-      raise ValueError(f'None of the image files in {split_dir!r} is a PNG or JPEG image.')
+      raise errors.ConfigError(f'None of the image files in {split_dir!r} is a PNG or JPEG image.')
     # A fixed shuffle so that each host's contiguous share holds all classes.
     order = np.random.default_rng(0).permutation(len(paths))
     start, stop = host_range(len(paths), process_index, process_count)
@@ -343,7 +348,8 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
 # ------------------------------------------------------------------------------ Dispatch
 
 
-def _unknown_dataset_error(config: ml_collections.ConfigDict, tfds_error: Exception) -> ValueError:
+def _unknown_dataset_error(config: ml_collections.ConfigDict,
+                           tfds_error: Exception) -> errors.ConfigError:
   name = config.dataset
   if os.path.isdir(os.path.expanduser(name)):
     as_folder = (f'a directory, but without a {config.train_split!r} subdirectory for an image '
@@ -351,20 +357,20 @@ def _unknown_dataset_error(config: ml_collections.ConfigDict, tfds_error: Except
   else:
     as_folder = 'not an existing directory'
   suggestion = tfds_suggestion(name)
-  return ValueError(
+  return errors.ConfigError(
       f"Unknown dataset {name!r} (config.data.dataset): it is not 'digits', it is {as_folder}, and "
       'it is neither a registered TFDS builder nor a dataset prepared in '
       f'tfds_data_dir={config.tfds_data_dir!r} ({type(tfds_error).__name__}).{suggestion}')
 
 
-def _folder_error(config: ml_collections.ConfigDict) -> ValueError:
+def _folder_error(config: ml_collections.ConfigDict) -> errors.ConfigError:
   folder = config.dataset
   if os.path.isdir(os.path.expanduser(folder)):
     problem = f'has no {config.train_split!r} subdirectory (config.data.train_split)'
   else:
     problem = 'does not exist'
-  return ValueError(f'Image folder {folder!r} (config.data.dataset) {problem}; expected the '
-                    f'layout {_FOLDER_LAYOUT}.')
+  return errors.ConfigError(f'Image folder {folder!r} (config.data.dataset) {problem}; '
+                            f'expected the layout {_FOLDER_LAYOUT}.')
 
 
 def load(config: ml_collections.ConfigDict, process_index: int, process_count: int) -> Source:

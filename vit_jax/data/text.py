@@ -21,8 +21,10 @@ from typing import Iterator
 
 from absl import logging
 import ml_collections
+from ml_collections import config_dict
 import numpy as np
 
+from vit_jax import errors, files
 from vit_jax.data import hosts, tokenizers
 from vit_jax.data.tokenizers import EOS_ID, PAD_ID  # Also text.EOS_ID, text.PAD_ID for callers.
 
@@ -36,14 +38,19 @@ def default_config() -> ml_collections.ConfigDict:
   # 'dates' (embedded, generated: written dates in 5 languages -> 'YYYY-MM-DD'), 'files'
   # (train_files / eval_files), or a TFDS translation dataset ('wmt14_translate/de-en', ...).
   config.dataset = 'dates'
-  config.train_files = None  # 'files': 'SRC,TGT', aligned sentence-per-line UTF-8 files (or .gz).
-  config.eval_files = None  # 'files': 'SRC,TGT' of the test set, likewise.
-  config.source_language = None  # TFDS: source feature ('en'); None: the dataset's first language.
-  config.target_language = None  # TFDS: target feature ('de'); None: the dataset's second one.
+  # 'files': 'SRC,TGT', aligned sentence-per-line UTF-8 files (or .gz).
+  config.train_files = config_dict.placeholder(str)
+  config.eval_files = config_dict.placeholder(str)  # 'files': 'SRC,TGT' of the test set, likewise.
+  # TFDS: source feature ('en'); None: the dataset's first language.
+  config.source_language = config_dict.placeholder(str)
+  # TFDS: target feature ('de'); None: the dataset's second one.
+  config.target_language = config_dict.placeholder(str)
   config.train_split = 'train'  # TFDS split ('train', 'train[:10%]'); dates: 'train' or 'test'.
   config.test_split = 'test'  # TFDS: 'test' (wmt14: newstest2014), 'validation'; dates: 'test'.
-  config.tfds_data_dir = None  # TFDS data_dir; None: TFDS's default ($TFDS_DATA_DIR or ~/...).
-  config.tfds_manual_dir = None  # Manually downloaded archives; None: TFDS's default.
+  # TFDS data_dir; None: TFDS's default ($TFDS_DATA_DIR or ~/...).
+  config.tfds_data_dir = config_dict.placeholder(str)
+  # Manually downloaded archives; None: TFDS's default.
+  config.tfds_manual_dir = config_dict.placeholder(str)
   config.tfds_download = True  # Run download_and_prepare when not prepared (WMT: GBs, hours).
   # 'chars' (the training text's characters), 'bytes' (UTF-8 bytes, 258 ids, no file) or
   # 'sentencepiece' (unigram model trained on the training text). 'chars' and 'sentencepiece'
@@ -52,7 +59,8 @@ def default_config() -> ml_collections.ConfigDict:
   config.vocab_size = 8000  # sentencepiece: exact vocabulary size; chars: the most it may have.
   config.vocabulary_sample = 100_000  # Train pairs (spread over the split) to build it on.
   config.max_length = 64  # Train tokens per row and side, EOS included.
-  config.eval_max_length = None  # Eval tokens per row and side, EOS included; None: max_length.
+  # Eval tokens per row and side, EOS included; None: max_length.
+  config.eval_max_length = config_dict.placeholder(int)
   config.long_examples = 'truncate'  # Longer examples: 'truncate' (keep the start) or 'skip'.
   config.pack = True  # Pack several train examples per row (adds segmentation and positions).
   config.shuffle_buffer = 0  # 0: reshuffle everything each epoch; 1: keep the order; N: tf-style.
@@ -67,8 +75,8 @@ def _checked_config(config) -> ml_collections.ConfigDict:
   checked = default_config()
   unknown = sorted(set(config.keys()) - set(checked.keys()))
   if unknown:
-    raise ValueError(f'Unknown text data config keys {unknown}; known keys: '
-                     f'{sorted(checked.keys())}.')
+    raise errors.ConfigError(f'Unknown text data config keys {unknown}; known keys: '
+                             f'{sorted(checked.keys())}.')
   for key, value in config.items():  # Not update(): None defaults may become strings.
     checked[key] = value
   problems = []
@@ -102,7 +110,7 @@ def _checked_config(config) -> ml_collections.ConfigDict:
           'an int >= 1')
   require(is_int(checked.dates_seed) and checked.dates_seed >= 0, 'dates_seed', 'an int >= 0')
   if problems:
-    raise ValueError('Invalid text data config: ' + '; '.join(problems) + '.')
+    raise errors.ConfigError('Invalid text data config: ' + '; '.join(problems) + '.')
   return checked
 
 
@@ -116,7 +124,7 @@ def _checked_vocabulary(tokenizer, config: ml_collections.ConfigDict, path: str)
   else:
     ok, wanted = tokenizer.vocab_size <= config.vocab_size, 'at most'
   if not ok:
-    raise ValueError(
+    raise errors.ConfigError(
         f'{path} holds a {tokenizer.vocab_size}-id {tokenizer.kind} vocabulary, but '
         f'config.data.vocab_size={config.vocab_size} asks for {wanted} that many: set '
         f'vocab_size={tokenizer.vocab_size}, or delete the file (or use a new workdir) to build '
@@ -138,8 +146,8 @@ def load_tokenizer(config, workdir: str | None) -> tokenizers.Tokenizer:
   if config.tokenizer == 'bytes':
     return tokenizers.ByteTokenizer()
   path = tokenizers.vocabulary_path(config.tokenizer, workdir) if workdir else None
-  if path is None or not tokenizers.exists(path):
-    raise FileNotFoundError(
+  if path is None or not files.exists(path):
+    raise errors.MissingFileError(
         f'No {config.tokenizer} tokenizer model in WORKDIR={workdir!r} (expected '
         f'{tokenizers.VOCABULARY_FILES[config.tokenizer]} there): train first (training builds '
         'the vocabulary and saves it in the workdir), or pass the training run\'s workdir.')
@@ -154,7 +162,7 @@ def _build_tokenizer(config: ml_collections.ConfigDict, workdir: str | None,
   if config.tokenizer == 'bytes':
     return tokenizers.ByteTokenizer()
   path = tokenizers.vocabulary_path(config.tokenizer, workdir) if workdir else None
-  if path and tokenizers.exists(path):
+  if path and files.exists(path):
     tokenizer = tokenizers.load(config.tokenizer, path)
     _checked_vocabulary(tokenizer, config, path)
     logging.info('Reusing the %d-id %s vocabulary in %s', tokenizer.vocab_size,
@@ -165,7 +173,7 @@ def _build_tokenizer(config: ml_collections.ConfigDict, workdir: str | None,
   texts = source.vocabulary_texts(config.vocabulary_sample)
   tokenizer = tokenizers.train(config.tokenizer, texts, config.vocab_size)
   if path:
-    tokenizers.write_bytes_atomically(path, tokenizer.to_bytes())
+    files.write_bytes_atomically(path, tokenizer.to_bytes())
     logging.info('Built a %d-id %s vocabulary from %d sentences; saved it in %s',
                  tokenizer.vocab_size, config.tokenizer, len(texts), path)
   else:
@@ -321,7 +329,7 @@ def _buffer_shuffled(num: int, buffer_size: int, rng: np.random.Generator) -> np
 def _check_batch_size(batch_size):
   is_int = isinstance(batch_size, (int, np.integer)) and not isinstance(batch_size, bool)
   if not is_int or batch_size < 1:
-    raise ValueError(f'batch_size={batch_size!r} must be an int >= 1.')
+    raise errors.ConfigError(f'batch_size={batch_size!r} must be an int >= 1.')
 
 
 class TextDataset:
@@ -413,7 +421,7 @@ class TextDataset:
     if start_step < 0:
       raise ValueError(f'start_step={start_step} must be >= 0.')
     if not len(self._train):
-      raise ValueError(
+      raise errors.ConfigError(
           f'Host {self._process_index} has no train examples left of the {self._train.name} '
           f'({self.num_empty["train"]} empty, {self.num_long["train"]} over max_length='
           f"{self.max_length} with long_examples={self.config.long_examples!r}).")
@@ -477,7 +485,7 @@ def build(config, workdir: str | None = None, process_index: int | None = None,
   tokenizer = _build_tokenizer(config, workdir, source)
   dataset = TextDataset(config, source, tokenizer, process_index, process_count)
   if not dataset.local_num_train_examples:
-    raise ValueError(
+    raise errors.ConfigError(
         f'Host {process_index} of {process_count} has no train examples in use: its share of the '
         f'{source.train.name} has {len(source.train.sources)} examples, '
         f'{dataset.num_empty["train"]} with an empty side and {dataset.num_long["train"]} over '

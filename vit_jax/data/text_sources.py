@@ -17,9 +17,9 @@ from absl import logging
 import ml_collections
 import numpy as np
 
+from vit_jax import errors, files
 from vit_jax.data import dates
 from vit_jax.data import sources as image_sources
-from vit_jax.data import tokenizers
 
 _VOCABULARY_SPREAD = 16  # TFDS: the vocabulary sample is read from this many even sub-splits.
 
@@ -91,8 +91,8 @@ def load_dates(config: ml_collections.ConfigDict, process_index: int,
   """The generated date-normalisation task (see `dates`); its splits are 'train' and 'test'."""
   for key in ('train_split', 'test_split'):
     if config[key] not in ('train', 'test'):
-      raise ValueError(f"config.data.{key}={config[key]!r}, but the dates dataset only has "
-                       "splits 'train' (dates_train_size) and 'test' (dates_test_size).")
+      raise errors.ConfigError(f"config.data.{key}={config[key]!r}, but the dates dataset only has "
+                               "splits 'train' (dates_train_size) and 'test' (dates_test_size).")
   generated = dates.generate(config.dates_train_size, config.dates_test_size, config.dates_seed)
   pairs = {'train': generated[config.train_split], 'test': generated[config.test_split]}
   names = {key: f'{config[key + "_split"]} split of dates' for key in ('train', 'test')}
@@ -106,30 +106,32 @@ def parse_file_pair(value, key: str) -> tuple[str, str]:
   """'SRC,TGT' -> (SRC, TGT); the error names config.data.<key>."""
   parts = value.split(',') if isinstance(value, str) else []
   if len(parts) != 2 or not all(p.strip() for p in parts):
-    raise ValueError(f"config.data.{key}={value!r}: expected 'SOURCE_FILE,TARGET_FILE' (two "
-                     "paths of aligned sentence-per-line files, plain or .gz) for "
-                     "dataset='files'.")
+    raise errors.ConfigError(f"config.data.{key}={value!r}: expected 'SOURCE_FILE,TARGET_FILE' "
+                             "(two paths of aligned sentence-per-line files, plain or .gz) for "
+                             "dataset='files'.")
   return parts[0].strip(), parts[1].strip()
 
 
 def read_lines(path: str, key: str) -> list[str]:
   """The lines of a UTF-8 text file (plain or .gz), stripped of surrounding whitespace."""
-  if not tokenizers.exists(path):
-    raise ValueError(f'config.data.{key}: file {path!r} does not exist.')
-  data = tokenizers.read_bytes(path)
+  if not files.exists(path):
+    raise errors.MissingFileError(f'config.data.{key}: file {path!r} does not exist.')
+  data = files.read_bytes(path)
   if path.endswith('.gz') or data[:2] == b'\x1f\x8b':
     try:
       data = gzip.decompress(data)
     except (OSError, EOFError, zlib.error) as e:
-      raise ValueError(f'config.data.{key}: {path!r} is not a valid gzip file ({e}).') from None
+      raise errors.BadFileError(
+          f'config.data.{key}: {path!r} is not a valid gzip file ({e}).') from None
   try:
     text = data.decode('utf-8')
   except UnicodeDecodeError as e:
     line = data.count(b'\n', 0, e.start) + 1
     column = e.start - (data.rfind(b'\n', 0, e.start) + 1) + 1
-    raise ValueError(f'{path!r} line {line}: not valid UTF-8 ({e.reason}: byte '
-                     f'{data[e.start:e.start + 1]!r} at byte {column} of the line); re-encode the '
-                     'file as UTF-8, e.g. `iconv -f latin1 -t utf-8`.') from None
+    raise errors.BadFileError(
+        f'{path!r} line {line}: not valid UTF-8 ({e.reason}: byte '
+        f'{data[e.start:e.start + 1]!r} at byte {column} of the line); re-encode the file as '
+        'UTF-8, e.g. `iconv -f latin1 -t utf-8`.') from None
   text = text.removeprefix('\ufeff')  # A byte order mark is not part of the first sentence.
   lines = text.split('\n')  # Not splitlines(): it also splits at \x1c, \u2028, ... inside lines.
   if lines and not lines[-1]:
@@ -142,7 +144,7 @@ def _read_parallel_files(value, key: str) -> tuple[str, list[tuple[str, str]]]:
   source_lines = read_lines(source_path, key)
   target_lines = read_lines(target_path, key)
   if len(source_lines) != len(target_lines):
-    raise ValueError(
+    raise errors.BadFileError(
         f'config.data.{key}: the parallel files have different line counts: {source_path!r} has '
         f'{len(source_lines)} lines and {target_path!r} has {len(target_lines)}; line i of one '
         'must be the translation of line i of the other.')
@@ -155,8 +157,8 @@ def load_files(config: ml_collections.ConfigDict, process_index: int,
   pairs, names = {}, {}
   for split, key in (('train', 'train_files'), ('test', 'eval_files')):
     if not config[key]:
-      raise ValueError(f"config.data.dataset='files' needs config.data.{key}="
-                       "'SOURCE_FILE,TARGET_FILE' (aligned sentence-per-line files).")
+      raise errors.ConfigError(f"config.data.dataset='files' needs config.data.{key}="
+                               "'SOURCE_FILE,TARGET_FILE' (aligned sentence-per-line files).")
     names[split], pairs[split] = _read_parallel_files(config[key], key)
   return _in_memory_source('files', pairs, names, process_index, process_count)
 
@@ -172,10 +174,11 @@ def _translation_languages(builder, config: ml_collections.ConfigDict) -> tuple[
   target = config.target_language or (available[1] if len(available) > 1 else None)
   for key, language in (('source_language', source), ('target_language', target)):
     if language not in available:
-      raise ValueError(f'config.data.{key}={language!r} is not a feature of TFDS dataset '
-                       f'{config.dataset!r}; its languages are {available}.')
+      raise errors.ConfigError(f'config.data.{key}={language!r} is not a feature of TFDS dataset '
+                               f'{config.dataset!r}; its languages are {available}.')
   if source == target:
-    raise ValueError(f'config.data.source_language and target_language are both {source!r}.')
+    raise errors.ConfigError(
+        f'config.data.source_language and target_language are both {source!r}.')
   return source, target
 
 
@@ -239,10 +242,11 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
 # ------------------------------------------------------------------------------ Dispatch
 
 
-def _unknown_dataset_error(config: ml_collections.ConfigDict, error: Exception) -> ValueError:
+def _unknown_dataset_error(config: ml_collections.ConfigDict,
+                           error: Exception) -> errors.ConfigError:
   name = config.dataset
   suggestion = image_sources.tfds_suggestion(name)
-  return ValueError(
+  return errors.ConfigError(
       f"Unknown dataset {name!r} (config.data.dataset): it is not 'dates' or 'files', and it is "
       'neither a registered TFDS builder nor a dataset prepared in '
       f'tfds_data_dir={config.tfds_data_dir!r} ({type(error).__name__}).{suggestion}')

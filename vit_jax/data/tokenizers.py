@@ -9,10 +9,11 @@ Every tokenizer reserves id 0 for padding (PAD_ID) and id 1 for end-of-sequence 
 import io
 import json
 import os
-import uuid
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from vit_jax import errors, files
 
 PAD_ID = 0
 EOS_ID = 1
@@ -121,8 +122,8 @@ class CharTokenizer:
       saved = json.loads(data.decode('utf-8'))
       return cls(saved['chars'])
     except (ValueError, KeyError, TypeError) as e:
-      raise ValueError(f'{path} is not a saved character vocabulary ({e}); delete it to build a '
-                       'new one from the training text.') from e
+      raise errors.BadFileError(f'{path} is not a saved character vocabulary ({e}); delete it to '
+                                'build a new one from the training text.') from e
 
   def __repr__(self):
     return f'CharTokenizer(vocab_size={self.vocab_size})'
@@ -137,9 +138,10 @@ class SentencePieceTokenizer:
     self.model_proto = model_proto
     self._processor = spm.SentencePieceProcessor(model_proto=model_proto)
     if (self._processor.pad_id(), self._processor.eos_id()) != (PAD_ID, EOS_ID):
-      raise ValueError(f'This SentencePiece model has pad id {self._processor.pad_id()} and EOS '
-                       f'id {self._processor.eos_id()}; the pipeline needs {PAD_ID} and {EOS_ID}. '
-                       'Train it with pad_id=0 eos_id=1 (as `train` does).')
+      raise errors.BadFileError(f'This SentencePiece model has pad id {self._processor.pad_id()} '
+                                f'and EOS id {self._processor.eos_id()}; the pipeline needs '
+                                f'{PAD_ID} and {EOS_ID}. Train it with pad_id=0 eos_id=1 (as '
+                                '`train` does).')
     self.vocab_size = self._processor.get_piece_size()
 
   @classmethod
@@ -148,8 +150,9 @@ class SentencePieceTokenizer:
     try:
       import sentencepiece as spm  # pylint: disable=g-import-not-at-top
     except ImportError as e:
-      raise ImportError("config.data.tokenizer='sentencepiece' needs the sentencepiece package "
-                        "(pip install sentencepiece), or use tokenizer='chars' or 'bytes'.") from e
+      raise errors.MissingPackageError("config.data.tokenizer='sentencepiece' needs the "
+                                       "sentencepiece package (pip install sentencepiece), or use "
+                                       "tokenizer='chars' or 'bytes'.") from e
     model = io.BytesIO()
     spm.set_random_generator_seed(0)
     try:
@@ -159,9 +162,9 @@ class SentencePieceTokenizer:
           unk_id=UNK_ID, bos_id=-1, input_sentence_size=0, shuffle_input_sentence=False,
           num_threads=_SENTENCEPIECE_THREADS, minloglevel=2)
     except RuntimeError as e:
-      raise ValueError(f'SentencePiece could not train a {vocab_size}-piece vocabulary on '
-                       f'{len(texts)} training sentences: {e}. Set config.data.vocab_size lower '
-                       '(or use more training text).') from e
+      raise errors.ConfigError(f'SentencePiece could not train a {vocab_size}-piece vocabulary on '
+                               f'{len(texts)} training sentences: {e}. Set config.data.vocab_size '
+                               'lower (or use more training text).') from e
     return cls(model.getvalue())
 
   def encode(self, text: str) -> list[int]:
@@ -182,11 +185,11 @@ class SentencePieceTokenizer:
     try:
       return cls(data)
     except ImportError as e:
-      raise ImportError(f'{path} is a SentencePiece model: pip install sentencepiece to use it.'
-                        ) from e
+      raise errors.MissingPackageError(f'{path} is a SentencePiece model: pip install '
+                                       'sentencepiece to use it.') from e
     except RuntimeError as e:
-      raise ValueError(f'{path} is not a SentencePiece model ({e}); delete it to train a new one '
-                       'from the training text.') from e
+      raise errors.BadFileError(f'{path} is not a SentencePiece model ({e}); delete it to train a '
+                                'new one from the training text.') from e
 
   def __repr__(self):
     return f'SentencePieceTokenizer(vocab_size={self.vocab_size})'
@@ -199,42 +202,6 @@ _CLASSES = {'chars': CharTokenizer, 'sentencepiece': SentencePieceTokenizer}
 # ------------------------------------------------------------------------------ Files
 
 
-def _is_remote(path: str) -> bool:
-  return '://' in path  # gs://, s3://, ...: TensorFlow's file system layer reads those.
-
-
-def exists(path: str) -> bool:
-  if _is_remote(path):
-    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
-    return tf.io.gfile.exists(path)
-  return os.path.exists(path)
-
-
-def read_bytes(path: str) -> bytes:
-  if _is_remote(path):
-    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
-    with tf.io.gfile.GFile(path, 'rb') as f:
-      return f.read()
-  with open(path, 'rb') as f:
-    return f.read()
-
-
-def write_bytes_atomically(path: str, data: bytes):
-  """Writes via a temporary file and a rename, so readers never see a partial file."""
-  temporary = f'{path}.tmp-{uuid.uuid4().hex}'
-  if _is_remote(path):
-    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
-    tf.io.gfile.makedirs(os.path.dirname(path))
-    with tf.io.gfile.GFile(temporary, 'wb') as f:
-      f.write(data)
-    tf.io.gfile.rename(temporary, path, overwrite=True)
-    return
-  os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-  with open(temporary, 'wb') as f:
-    f.write(data)
-  os.replace(temporary, path)
-
-
 def vocabulary_path(kind: str, workdir: str) -> str | None:
   """Where a trained vocabulary of this kind lives in workdir; None for 'bytes'."""
   name = VOCABULARY_FILES.get(kind)
@@ -243,7 +210,7 @@ def vocabulary_path(kind: str, workdir: str) -> str | None:
 
 def load(kind: str, path: str) -> Tokenizer:
   """The saved vocabulary at `path` ('chars' or 'sentencepiece')."""
-  return _CLASSES[kind].from_bytes(read_bytes(path), path)
+  return _CLASSES[kind].from_bytes(files.read_bytes(path), path)
 
 
 def train(kind: str, texts: Sequence[str], vocab_size: int) -> Tokenizer:

@@ -41,6 +41,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from vit_jax import errors
+
 MATMUL_IMPLEMENTATIONS = ('auto', 'xla', 'blas')
 SOURCES = ('gemm.cc', 'attention.cc')
 HEADERS = ('blas.h',)
@@ -217,8 +219,8 @@ def resolve_matmul(matmul: str, *, dtype=jnp.float32) -> str:
   'xla'. 'blas' insists, and raises `KernelUnavailable` if it cannot run.
   """
   if matmul not in MATMUL_IMPLEMENTATIONS:
-    raise ValueError(f'Unknown matmul implementation {matmul!r}; choose one of '
-                     f'{MATMUL_IMPLEMENTATIONS}.')
+    raise errors.ConfigError(f'Unknown matmul implementation {matmul!r}; choose one of '
+                             f'{MATMUL_IMPLEMENTATIONS}.')
   if matmul == 'blas':
     load()
     return 'blas'

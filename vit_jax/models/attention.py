@@ -16,6 +16,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import errors
 from vit_jax.kernels import blas
 from vit_jax.models import partitioning
 
@@ -46,8 +47,8 @@ def resolve_attention_impl(implementation: str, *, backend: str | None = None,
     matmul: the model's `matmul` option ('auto', 'xla', 'blas').
   """
   if implementation not in ATTENTION_IMPLEMENTATIONS:
-    raise ValueError(f'Unknown attention implementation {implementation!r}; '
-                     f'choose one of {ATTENTION_IMPLEMENTATIONS}.')
+    raise errors.ConfigError(f'Unknown attention implementation {implementation!r}; '
+                             f'choose one of {ATTENTION_IMPLEMENTATIONS}.')
   if implementation != 'auto':
     return implementation
   backend = backend or jax.default_backend()
@@ -315,7 +316,7 @@ def chunked_attention(query: Array, key: Array, value: Array,
     (B, T, N, H) in the dtype of `value`.
   """
   if chunk_size < 1:
-    raise ValueError(f'chunk_size must be positive, got {chunk_size}.')
+    raise errors.ConfigError(f'chunk_size must be positive, got {chunk_size}.')
   length = key.shape[1]
   chunk = min(chunk_size, length)
   num_chunks = -(-length // chunk)
@@ -390,7 +391,7 @@ class MultiHeadDotProductAttention(nn.Module):
       inputs_kv = inputs_q
     features = self.qkv_features or inputs_q.shape[-1]
     if features % self.num_heads:
-      raise ValueError(
+      raise errors.ConfigError(
           f'Attention width {features} is not divisible by num_heads='
           f'{self.num_heads}; pick a hidden size that is a multiple of the '
           'number of heads.')

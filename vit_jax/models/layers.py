@@ -14,6 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import errors
 from vit_jax.kernels import blas
 from vit_jax.models import partitioning
 from vit_jax.models.attention import MultiHeadDotProductAttention
@@ -29,7 +30,7 @@ POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'none')
 
 def activation_fn(name: str):
   if name not in ACTIVATIONS:
-    raise ValueError(f'Unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}.')
+    raise errors.ConfigError(f'Unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}.')
   return ACTIVATIONS[name]
 
 
@@ -87,8 +88,8 @@ class EncoderBlock(nn.Module):
   def __call__(self, inputs: Array, droppath_rate: Array | float = 0.0,
                mask: Array | None = None, deterministic: bool = True) -> Array:
     if self.norm_position not in NORM_POSITIONS:
-      raise ValueError(f'Unknown norm_position {self.norm_position!r}; '
-                       f'choose one of {NORM_POSITIONS}.')
+      raise errors.ConfigError(f'Unknown norm_position {self.norm_position!r}; '
+                               f'choose one of {NORM_POSITIONS}.')
     pre_norm = self.norm_position == 'pre'
     layer_norm = lambda name: nn.LayerNorm(  # noqa: E731
         epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype, name=name)
@@ -152,8 +153,8 @@ class Encoder(nn.Module):
     (packed sequences); default 0..tokens-1.
     """
     if self.position_embedding not in POSITION_EMBEDDINGS:
-      raise ValueError(f'Unknown position_embedding {self.position_embedding!r}; '
-                       f'choose one of {POSITION_EMBEDDINGS}.')
+      raise errors.ConfigError(f'Unknown position_embedding {self.position_embedding!r}; '
+                               f'choose one of {POSITION_EMBEDDINGS}.')
     if self.position_embedding == 'learned':
       x = AddPositionEmbs(param_dtype=self.param_dtype, name='posembed_input')(x)
     elif self.position_embedding == 'sinusoidal':

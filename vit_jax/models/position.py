@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vit_jax import errors
+
 Array = jax.Array
 
 
@@ -17,7 +19,7 @@ def sinusoidal_1d(length: int, width: int, max_timescale: float = 10_000.0) -> n
   PE[pos, 2i+1] = cos(pos / max_timescale^(2i / width)).
   """
   if width % 2:
-    raise ValueError(f'Sinusoidal position encoding needs an even width, got {width}.')
+    raise errors.ConfigError(f'Sinusoidal position encoding needs an even width, got {width}.')
   position = np.arange(length, dtype=np.float64)[:, None]  # (length, 1)
   inv_freq = max_timescale ** (-np.arange(0, width, 2, dtype=np.float64) / width)
   angles = position * inv_freq[None, :]  # (length, width // 2)
@@ -35,8 +37,8 @@ def sincos_2d(height: int, width: int, channels: int,
   frequencies spaced geometrically as in the 1-D encoding.
   """
   if channels % 4:
-    raise ValueError(f'2-D sin-cos position encoding needs channels divisible by 4, '
-                     f'got {channels}.')
+    raise errors.ConfigError(f'2-D sin-cos position encoding needs channels divisible by 4, '
+                             f'got {channels}.')
   quarter = channels // 4
   inv_freq = max_timescale ** (-np.arange(quarter, dtype=np.float64) / quarter)
   y, x = np.meshgrid(np.arange(height), np.arange(width), indexing='ij')
@@ -74,8 +76,8 @@ class AddSinusoidalPositions(nn.Module):
   def __call__(self, inputs: Array, positions: Array | None = None) -> Array:
     length, width = inputs.shape[1], inputs.shape[2]
     if length > self.max_length:
-      raise ValueError(f'Sequence of length {length} is longer than max_length='
-                       f'{self.max_length} of the position encoding; raise max_length.')
+      raise errors.ConfigError(f'Sequence of length {length} is longer than max_length='
+                               f'{self.max_length} of the position encoding; raise max_length.')
     table = jnp.asarray(sinusoidal_1d(self.max_length, width))  # (max_length, width)
     if self.decode:
       is_initialized = self.has_variable('cache', 'position_index')

@@ -2,8 +2,13 @@
 
 import dataclasses
 import difflib
+import typing
+from typing import Any, NamedTuple, Sequence
 
 import flax.linen as nn
+import jax.numpy as jnp
+
+from vit_jax import errors
 
 from vit_jax.models.transformer import Transformer
 from vit_jax.models.vit import VisionTransformer
@@ -58,6 +63,17 @@ MODELS: dict[str, tuple[type[nn.Module], dict]] = {
 
 # The argument each family needs from the caller.
 _REQUIRED = {VisionTransformer: 'num_classes', Transformer: 'vocab_size'}
+# Fields that the caller (the trainer's task) decides, so a config never sets them.
+_SET_BY_CALLER = {VisionTransformer: ('num_classes',),
+                  Transformer: ('vocab_size', 'output_vocab_size', 'cached_decoding')}
+_DTYPE_FIELDS = ('dtype', 'param_dtype')
+
+
+class Field(NamedTuple):
+  """A setting of a registered model: its name, value in the registry entry, and type."""
+  name: str
+  default: Any  # The entry's value, else the module's default; dtypes as names ('float32').
+  type: type  # int, float, bool, str or tuple (also for fields whose default is None).
 
 
 def model_names() -> list[str]:
@@ -68,30 +84,75 @@ def _lookup(name: str) -> tuple[type[nn.Module], dict]:
   if name not in MODELS:
     close = difflib.get_close_matches(name, MODELS, n=3)
     hint = f' Did you mean {", ".join(close)}?' if close else ''
-    raise ValueError(f'Unknown model {name!r}.{hint} Known models: '
-                     f'{", ".join(MODELS)}.')
+    raise errors.ConfigError(f'Unknown model {name!r}.{hint} Known models: '
+                             f'{", ".join(MODELS)}.')
   return MODELS[name]
 
 
+def _field_type(annotation: Any, default: Any) -> type:
+  """The config type of a module field: a Sequence is a tuple, Optional[X] is X."""
+  if default is not None and not isinstance(default, (list, tuple)):
+    return type(default)
+  options = [a for a in typing.get_args(annotation) if a is not type(None)] or [annotation]
+  origin = typing.get_origin(options[0]) or options[0]
+  if origin in (tuple, list) or (isinstance(origin, type) and issubclass(origin, Sequence)):
+    return tuple
+  return origin
+
+
+def model_fields(name: str) -> list[Field]:
+  """Every setting of model `name` that a config may change, in the module's order.
+
+  The fields of the module class except those the caller decides (the class count,
+  the vocabulary, cached decoding), with the registry entry's values.
+  """
+  module_cls, settings = _lookup(name)
+  fields = []
+  for field in dataclasses.fields(module_cls):
+    if field.name in ('parent', 'name') or field.name in _SET_BY_CALLER[module_cls]:
+      continue
+    default = settings.get(field.name, field.default)
+    if field.name in _DTYPE_FIELDS:
+      fields.append(Field(field.name, jnp.dtype(default).name, str))
+      continue
+    if isinstance(default, list):
+      default = tuple(default)
+    fields.append(Field(field.name, default, _field_type(field.type, default)))
+  return fields
+
+
 def model_config(name: str) -> dict:
-  """The registry settings of `name` (a copy), without the caller's arguments."""
-  return dict(_lookup(name)[1])
+  """The settings of `name`: every field of `model_fields` with its value."""
+  return {field.name: field.default for field in model_fields(name)}
+
+
+def _dtype(field: str, value: Any) -> Any:
+  if not isinstance(value, str):
+    return value
+  try:
+    return jnp.dtype(value)
+  except TypeError:
+    raise errors.ConfigError(f"{field}={value!r} is not a dtype; use 'float32', 'bfloat16' or "
+                     "'float16'.") from None
 
 
 def get_model(name: str, **kwargs) -> nn.Module:
   """Returns the module registered as `name`, with `kwargs` overriding its settings.
 
   Image models need `num_classes`, Transformer models `vocab_size`; any field
-  of the module (e.g. `dtype`, `scan_layers`, `dropout_rate`) may be given.
+  of the module (e.g. `dtype`, `scan_layers`, `dropout_rate`) may be given;
+  dtypes also by name ('bfloat16').
   """
   module_cls, settings = _lookup(name)
   fields = {f.name for f in dataclasses.fields(module_cls)} - {'parent', 'name'}
   unknown = sorted(set(kwargs) - fields)
   if unknown:
-    raise ValueError(f'{module_cls.__name__} ({name}) has no option(s) {unknown}; '
+    raise errors.ConfigError(f'{module_cls.__name__} ({name}) has no option(s) {unknown}; '
                      f'valid options: {sorted(fields)}.')
   required = _REQUIRED[module_cls]
   if required not in kwargs:
     raise ValueError(f'get_model({name!r}) needs {required}=..., e.g. '
                      f'get_model({name!r}, {required}=1000).')
+  kwargs = {key: _dtype(key, value) if key in _DTYPE_FIELDS else value
+            for key, value in kwargs.items()}
   return module_cls(**{**settings, **kwargs})

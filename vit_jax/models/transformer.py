@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import errors
 from vit_jax.kernels import blas
 from vit_jax.models.attention import (MultiHeadDotProductAttention, combine_masks,
                                       make_padding_mask, make_segment_mask)
@@ -158,15 +159,15 @@ class Transformer(nn.Module):
 
   def setup(self):
     if self.embed_dim % self.num_heads:
-      raise ValueError(f'embed_dim={self.embed_dim} is not divisible by '
-                       f'num_heads={self.num_heads}.')
+      raise errors.ConfigError(f'embed_dim={self.embed_dim} is not divisible by '
+                               f'num_heads={self.num_heads}.')
     if self.norm_position not in NORM_POSITIONS:
-      raise ValueError(f'Unknown norm_position {self.norm_position!r}; '
-                       f'choose one of {NORM_POSITIONS}.')
+      raise errors.ConfigError(f'Unknown norm_position {self.norm_position!r}; '
+                               f'choose one of {NORM_POSITIONS}.')
     target_vocab = self.output_vocab_size or self.vocab_size
     if self.share_embeddings and target_vocab != self.vocab_size:
-      raise ValueError(f'share_embeddings=True needs one vocabulary, got vocab_size='
-                       f'{self.vocab_size} and output_vocab_size={target_vocab}.')
+      raise errors.ConfigError(f'share_embeddings=True needs one vocabulary, got vocab_size='
+                               f'{self.vocab_size} and output_vocab_size={target_vocab}.')
     embed = lambda vocab, name: nn.Embed(  # noqa: E731
         vocab, self.embed_dim, dtype=self.dtype, param_dtype=self.param_dtype,
         embedding_init=nn.initializers.normal(stddev=self.embed_dim**-0.5), name=name)

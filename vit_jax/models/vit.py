@@ -12,6 +12,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from vit_jax import errors
 from vit_jax.kernels import blas
 from vit_jax.models.layers import Encoder
 from vit_jax.models.position import sincos_2d
@@ -118,21 +119,19 @@ class VisionTransformer(nn.Module):
 
   def _check_options(self):
     if self.classifier not in CLASSIFIERS:
-      raise ValueError(f'Unknown classifier {self.classifier!r}; choose one of '
-                       f'{CLASSIFIERS}.')
+      raise errors.ConfigError(f'Unknown classifier {self.classifier!r}; choose one of '
+                               f'{CLASSIFIERS}.')
     if self.position_embedding not in IMAGE_POSITION_EMBEDDINGS:
-      raise ValueError(f'Unknown position_embedding {self.position_embedding!r}; '
-                       f'choose one of {IMAGE_POSITION_EMBEDDINGS}.')
+      raise errors.ConfigError(f'Unknown position_embedding {self.position_embedding!r}; '
+                               f'choose one of {IMAGE_POSITION_EMBEDDINGS}.')
     if self.hidden_size % self.num_heads:
-      raise ValueError(f'hidden_size={self.hidden_size} is not divisible by '
-                       f'num_heads={self.num_heads}.')
+      raise errors.ConfigError(f'hidden_size={self.hidden_size} is not divisible by '
+                               f'num_heads={self.num_heads}.')
 
   def _check_divisible(self, image_shape):
     """Images must tile exactly into patches (of the hybrid's feature map)."""
     patch_h, patch_w = self.patch_size
-    stride = 1
-    if self.resnet_layers is not None:  # Root conv + max-pool: 4; each later stage: 2.
-      stride = 4 * 2 ** max(len(self.resnet_layers) - 1, 0)
+    stride = stem_stride(self.resnet_layers)
     height, width = image_shape[1:3]
     if height % (stride * patch_h) or width % (stride * patch_w):
       if stride == 1:
@@ -140,5 +139,15 @@ class VisionTransformer(nn.Module):
       else:
         needed = (f'{stride * patch_h}' + (f'x{stride * patch_w}' if patch_h != patch_w else '')
                   + f" (the ResNet stem's stride {stride} x patch size {patch_h}x{patch_w})")
-      raise ValueError(f'Image size {height}x{width} is not a multiple of {needed}; '
-                       'resize or crop the images.')
+      raise errors.ConfigError(f'Image size {height}x{width} is not a multiple of {needed}; '
+                               'resize or crop the images.')
+
+
+def stem_stride(resnet_layers: Sequence[int] | None) -> int:
+  """Pixels per feature-map cell before patching: 1, or the hybrid ResNet stem's stride.
+
+  The stem's root conv and max-pool stride 4; each stage after the first strides 2.
+  """
+  if resnet_layers is None:
+    return 1
+  return 4 * 2 ** max(len(resnet_layers) - 1, 0)

@@ -3,7 +3,6 @@
 Plugs into the shared loop (`vit_jax.train.loop`) as a `Task`.
 """
 
-import os
 from typing import Any
 
 import jax
@@ -12,9 +11,9 @@ import ml_collections
 import optax
 
 from vit_jax import checkpoint as weights
-from vit_jax import models
-from vit_jax.data import images
-from vit_jax.train import checkpointing, metrics as metrics_lib
+from vit_jax import errors, files, progress
+from vit_jax.data import class_names, images
+from vit_jax.train import checkpointing, config as config_lib
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0) -> jax.Array:
@@ -26,27 +25,17 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float =
   return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
 
 
-def build_model(model_config: ml_collections.ConfigDict, num_classes: int,
-                mixed_precision: bool = False):
-  settings = {k: v for k, v in model_config.items() if k != 'name'}
-  if mixed_precision:
-    settings['dtype'] = jnp.bfloat16
-  return models.get_model(model_config.name, num_classes=num_classes, **settings)
-
-
-def _params_of_workdir(workdir: str) -> dict:
-  return checkpointing.Checkpointer(workdir).restore_params()
-
-
-def load_weights(path: str, init_params: Any, reinit_head: bool = False) -> Any:
+def load_weights(path: str, init_params: Any, reinit_head: bool = False,
+                 role: str = 'config.pretrained') -> Any:
   """Weights from a published .npz or a vit_jax workdir, fitted to `init_params`."""
-  if os.path.isdir(path):
-    source = _params_of_workdir(path)
-  elif path.endswith('.npz') or weights.is_remote(path):
+  if files.isdir(path):
+    checkpointing.check_task(path, 'classification', role)
+    source, _ = checkpointing.restore_params(path)
+  elif path.endswith('.npz') or files.is_remote(path):
     source = path
   else:
-    raise ValueError(f'Cannot load weights from {path!r}: expected a .npz checkpoint or the '
-                     'workdir of a vit_jax run.')
+    raise errors.ConfigError(f'Cannot load weights from {path!r}: expected a .npz checkpoint or '
+                             'the workdir of a vit_jax run.')
   return weights.load_pretrained(source, init_params, reinit_head=reinit_head)
 
 
@@ -54,38 +43,41 @@ class ClassificationTask:
   """Model, data, loss and metrics of image classification."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    del workdir  # Image tasks keep nothing of their own in the workdir.
     self.config = config
     self.data = images.build(config.data)
+    if self.data.class_names and jax.process_index() == 0:
+      class_names.save(workdir, self.data.class_names)  # For trainer=predict.
     process_count = jax.process_count()
     self.local_batch_size = config.batch_size // process_count
     self.local_eval_batch_size = config.eval_batch_size // process_count
-    self.model = build_model(config.model, self.data.num_classes, config.mixed_precision)
+    self.model = config_lib.build_model(config.model, num_classes=self.data.num_classes)
     self.distilled = self.model.classifier == 'token_distill'
     self.teacher = None
     self._teacher_params = None
     if config.get('teacher'):
       if not self.distilled:
-        raise ValueError(f'config.teacher is set but model {config.model.name} has no '
-                         "distillation head; use a DeiT model (classifier='token_distill').")
+        raise errors.ConfigError(f"config.teacher is set but model {config.model.name} has no "
+                                 "distillation head; use a DeiT model "
+                                 "(classifier='token_distill').")
       self.teacher, self._teacher_params = self._load_teacher(config.teacher)
 
   def _dummy_images(self):
     return jnp.zeros((1, *self.data.image_shape), jnp.float32)
 
   def _load_teacher(self, path: str):
-    if os.path.isdir(path):
+    if files.isdir(path):
+      checkpointing.check_task(path, 'classification', 'config.teacher')
       teacher_config = checkpointing.load_config(path)
       model_config = teacher_config.model
     else:
       if not self.config.get('teacher_model'):
-        raise ValueError(f'Teacher {path!r} is a weights file: set config.teacher_model to '
-                         'its model name (e.g. ViT-B_16).')
-      model_config = ml_collections.ConfigDict({'name': self.config.teacher_model})
-    teacher = build_model(model_config, self.data.num_classes)
+        raise errors.ConfigError(f'Teacher {path!r} is a weights file: set config.teacher_model to '
+                                 'its model name (e.g. ViT-B_16).')
+      model_config = config_lib.model_config(self.config.teacher_model)
+    teacher = config_lib.build_model(model_config, num_classes=self.data.num_classes)
     init = jax.eval_shape(lambda: teacher.init(jax.random.PRNGKey(0), self._dummy_images()))
-    params = load_weights(path, init['params'])
-    metrics_lib.log(f'Distilling from teacher {model_config.name} at {path}.')
+    params = load_weights(path, init['params'], role='config.teacher')
+    progress.log(f'Distilling from teacher {model_config.name} at {path}.')
     return teacher, params
 
   # --- Task interface -------------------------------------------------------
@@ -96,7 +88,7 @@ class ClassificationTask:
   def initial_params(self, params):
     if not self.config.get('pretrained'):
       return params
-    metrics_lib.log(f'Loading pretrained weights from {self.config.pretrained}.')
+    progress.log(f'Loading pretrained weights from {self.config.pretrained}.')
     return load_weights(self.config.pretrained, jax.device_get(params),
                         reinit_head=self.config.reinit_head)
 
@@ -141,4 +133,7 @@ class ClassificationTask:
 
   def eval_batches(self):
     return self.data.eval_batches(self.local_eval_batch_size)
+
+  def num_eval_batches(self):
+    return self.data.num_eval_batches(self.local_eval_batch_size)
 

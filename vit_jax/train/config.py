@@ -1,20 +1,49 @@
-"""The trainer's config: every knob with its default. configs/*.py start from here."""
+"""The trainer's config: every knob with its default. configs/*.py start from here.
+
+Every field can be set on the command line (`--config.FIELD=VALUE`): fields that may be
+unset hold a typed placeholder (None until set), so they take a value of their type.
+"""
 
 import ml_collections
+from ml_collections import config_dict
 
+from vit_jax import errors, models
 from vit_jax.data import images, text
 from vit_jax.models import registry
 from vit_jax.train import optim
 
+TRAINERS = {'classification': ('train', 'evaluate', 'predict', 'visualize'),
+            'translation': ('train', 'evaluate', 'translate', 'visualize')}
+
 
 def model_config(name: str) -> ml_collections.ConfigDict:
-  """The registry entry `name` as a ConfigDict; fields override the registry's settings."""
-  config = ml_collections.ConfigDict(registry.model_config(name))
+  """Model `name` as a ConfigDict: every field of its module, with the registry's values.
+
+  The fields are read off the module class (`vit_jax.models.registry.model_fields`), so
+  they are the module's own (see its docstring and field comments); `dtype` is the compute
+  dtype ('float32', or 'bfloat16' for bf16 compute with float32 parameters).
+  """
+  config = ml_collections.ConfigDict()
   config.name = name  # Registry entry; see `vit_jax.models.model_names()`.
-  # Attention kernel: 'auto' (the fastest here), 'fused', 'plain', 'chunked' or 'blas'.
-  config.attention_impl = 'auto'
-  config.matmul = 'auto'  # Dense layers: 'auto' (MKL on Intel CPUs), 'xla' or 'blas'.
+  for field in registry.model_fields(name):
+    config[field.name] = (config_dict.placeholder(field.type) if field.default is None
+                          else field.default)
   return config
+
+
+def model_and_dataset(arg: str, config_file: str) -> tuple[str, str]:
+  """'MODEL,DATASET' (the argument of configs/vit.py and configs/deit.py) -> (model, dataset)."""
+  model, _, dataset = arg.partition(',')
+  if not model.strip() or not dataset.strip():
+    raise errors.ConfigError(f"--config={config_file}:{arg}: expected MODEL,DATASET after the "
+                             f"':', e.g. --config={config_file}:ViT-B_16,cifar10.")
+  return model.strip(), dataset.strip()
+
+
+def build_model(config: ml_collections.ConfigDict, **caller_fields):
+  """The module that `config` (a `model_config`) describes; `caller_fields` add e.g. num_classes."""
+  fields = {key: value for key, value in config.items() if key != 'name'}
+  return models.get_model(config.name, **fields, **caller_fields)
 
 
 def visualize_config() -> ml_collections.ConfigDict:
@@ -29,30 +58,45 @@ def visualize_config() -> ml_collections.ConfigDict:
   return config
 
 
-def classification_config(model: str = 'ViT-B_16') -> ml_collections.ConfigDict:
+def predict_config() -> ml_collections.ConfigDict:
+  """Knobs of `trainer=predict`, which prints the top classes of image files."""
   config = ml_collections.ConfigDict()
-  config.task = 'classification'  # What is trained: 'classification' (images).
-  # What runs: 'train', 'evaluate' (the latest checkpoint) or 'visualize' (attention PNGs).
-  config.trainer = 'train'
+  config.inputs = ''  # Image files, folders or globs, separated by ','.
+  config.top_k = 5  # Classes printed per image.
+  config.batch_size = 32  # Images per forward pass.
+  config.output_file = ''  # Also write one JSON object per image here ('': print only).
+  return config
+
+
+def _common_config(task: str, model: str) -> ml_collections.ConfigDict:
+  """The fields both tasks have."""
+  config = ml_collections.ConfigDict()
+  config.task = task  # What is trained: 'classification' (images) or 'translation' (text).
+  config.trainer = 'train'  # What runs: one of TRAINERS[task].
   config.seed = 0  # Parameter init, dropout and data order.
-  config.model = model_config(model)  # Registry name + overrides (dtype, dropout, ...).
-  config.data = images.default_config()  # Dataset, preprocessing, augmentation.
-  config.batch_size = 512  # Global training batch (all devices, all hosts).
-  config.eval_batch_size = 512  # Global eval batch; the last partial batch is masked.
-  config.total_steps = 10_000  # Optimizer updates.
+  config.model = model_config(model)  # Registry name and every field of its module.
   config.accum_steps = 1  # Split each batch into this many microbatches (less memory).
   config.optimizer = optim.default_config()  # Optimizer and learning-rate schedule.
-  config.label_smoothing = 0.0  # Label smoothing of the cross-entropy targets.
-  config.mixed_precision = False  # bfloat16 compute with float32 parameters.
   # Devices on the mesh axes (data, fsdp, model); one -1 takes the remaining devices.
   # The batch is split over data x fsdp; params FSDP-split over fsdp, tensor-parallel over model.
   config.mesh_shape = (-1, 1, 1)
   config.fsdp_min_size = 4096  # Params with fewer elements are never FSDP-split.
   # CPU runs (ignored on accelerators), applied by `python -m vit_jax.main` at start-up:
-  # glibc keeps freed memory for reuse in one arena, so XLA's per-step temporary buffers
-  # stop page-faulting (ViT-S/16 train step 1.87 s, not 2.39 s); the process does not
-  # give that memory back to the system.
+  # glibc keeps freed memory in one arena for reuse, so XLA's per-step temporary buffers
+  # stop page-faulting; the process does not give that memory back to the system.
   config.tune_malloc = True
+  config.keep_checkpoints = 2  # Checkpoints kept in WORKDIR/checkpoints.
+  config.visualize = visualize_config()  # trainer=visualize: inputs, layer, output directory.
+  return config
+
+
+def classification_config(model: str = 'ViT-B_16') -> ml_collections.ConfigDict:
+  config = _common_config('classification', model)
+  config.data = images.default_config()  # Dataset, preprocessing, augmentation.
+  config.batch_size = 512  # Global training batch (all devices, all hosts).
+  config.eval_batch_size = 512  # Global eval batch; the last partial batch is masked.
+  config.total_steps = 10_000  # Optimizer updates.
+  config.label_smoothing = 0.0  # Label smoothing of the cross-entropy targets.
   config.pretrained = ''  # Weights to start from: a published .npz or a vit_jax workdir.
   config.reinit_head = False  # Re-initialise the head even when the class count matches.
   config.teacher = ''  # DeiT: a teacher's vit_jax workdir or .npz (hard distillation).
@@ -60,24 +104,16 @@ def classification_config(model: str = 'ViT-B_16') -> ml_collections.ConfigDict:
   config.log_every = 50  # Steps between progress lines (and NaN checks).
   config.eval_every = 1000  # Steps between evaluations (0: only at the end).
   config.checkpoint_every = 1000  # Steps between checkpoints (0: only at the end).
-  config.keep_checkpoints = 2  # Checkpoints kept in WORKDIR/checkpoints.
-  config.visualize = visualize_config()  # trainer=visualize: inputs, layer, output directory.
+  config.predict = predict_config()  # trainer=predict: image files, top-k, JSON output.
   return config
 
 
 def translation_config(model: str = 'Transformer-base') -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict()
-  config.task = 'translation'  # What is trained: 'translation' (seq2seq text).
-  # 'train', 'evaluate' (latest checkpoint), 'translate' (stdin) or 'visualize' (attention PNGs).
-  config.trainer = 'train'
-  config.seed = 0  # Parameter init, dropout and data order.
-  config.model = model_config(model)  # Registry name + overrides (embed_dim, num_layers, ...).
+  config = _common_config('translation', model)
   config.data = text.default_config()  # Corpus, tokenizer, lengths, packing.
   config.batch_size = 256  # Global training batch in (packed) rows.
   config.eval_batch_size = 256  # Global eval batch; the last partial batch is masked.
   config.total_steps = 100_000  # Optimizer updates.
-  config.accum_steps = 1  # Split each batch into this many microbatches (less memory).
-  config.optimizer = optim.default_config()  # Optimizer and learning-rate schedule.
   config.optimizer.name = 'adam'
   config.optimizer.b2 = 0.98  # The paper's Adam(0.9, 0.98, 1e-9).
   config.optimizer.eps = 1e-9
@@ -85,16 +121,6 @@ def translation_config(model: str = 'Transformer-base') -> ml_collections.Config
   config.optimizer.warmup_steps = 4000
   config.optimizer.learning_rate = 512**-0.5 * 4000**-0.5  # d_model^-0.5 * warmup^-0.5 peak.
   config.label_smoothing = 0.1  # Label smoothing of the token cross-entropy.
-  config.mixed_precision = False  # bfloat16 compute with float32 parameters.
-  # Devices on the mesh axes (data, fsdp, model); one -1 takes the remaining devices.
-  # The batch is split over data x fsdp; params FSDP-split over fsdp, tensor-parallel over model.
-  config.mesh_shape = (-1, 1, 1)
-  config.fsdp_min_size = 4096  # Params with fewer elements are never FSDP-split.
-  # CPU runs (ignored on accelerators), applied by `python -m vit_jax.main` at start-up:
-  # glibc keeps freed memory for reuse in one arena, so XLA's per-step temporary buffers
-  # stop page-faulting (ViT-S/16 train step 1.87 s, not 2.39 s); the process does not
-  # give that memory back to the system.
-  config.tune_malloc = True
   config.beam_size = 4  # Beam width for evaluation and translation (1: greedy).
   config.length_penalty_alpha = 0.6  # GNMT length penalty ((5 + len) / 6)^alpha.
   config.max_decode_length = 0  # Longest output in tokens (0: data.max_length).
@@ -104,6 +130,43 @@ def translation_config(model: str = 'Transformer-base') -> ml_collections.Config
   config.log_every = 100  # Steps between progress lines (and NaN checks).
   config.eval_every = 5000  # Steps between evaluations (0: only at the end).
   config.checkpoint_every = 5000  # Steps between checkpoints (0: only at the end).
-  config.keep_checkpoints = 2  # Checkpoints kept in WORKDIR/checkpoints.
-  config.visualize = visualize_config()  # trainer=visualize: inputs, layer, output directory.
+  return config
+
+
+_TASK_CONFIGS = {'classification': classification_config, 'translation': translation_config}
+
+
+def _merge(config: ml_collections.ConfigDict, saved: dict, path: str, unknown: list[str]):
+  """Sets the fields of `config` that `saved` holds; JSON lists become tuples."""
+  for key, value in saved.items():
+    if key not in config:
+      unknown.append(f'{path}{key}')
+    elif isinstance(config[key], ml_collections.ConfigDict) and isinstance(value, dict):
+      _merge(config[key], value, f'{path}{key}.', unknown)
+    else:
+      config[key] = tuple(value) if isinstance(value, list) else value
+
+
+def from_saved(saved: dict, source: str) -> ml_collections.ConfigDict:
+  """A config saved as JSON (WORKDIR/config.json), rebuilt on this version's defaults.
+
+  So every field keeps its type (and can be overridden on the command line), and fields
+  added since the run was saved take their defaults. Older names are carried over:
+  `mixed_precision=True` became `model.dtype='bfloat16'`.
+  """
+  saved = dict(saved)
+  task = saved.get('task')
+  model = saved.get('model', {}).get('name')
+  if task not in _TASK_CONFIGS or not model:
+    raise errors.BadFileError(f'{source} is not the config of a vit_jax run (task {task!r}, '
+                              f'model {model!r}); pass --config=configs/FILE.py.')
+  config = _TASK_CONFIGS[task](model)
+  if saved.pop('mixed_precision', False):
+    saved.setdefault('model', {})['dtype'] = 'bfloat16'
+  unknown = []
+  _merge(config, saved, '', unknown)
+  if unknown:
+    from vit_jax import progress  # pylint: disable=g-import-not-at-top
+    progress.log(f'Note: {source} has fields this version does not know, left out: '
+                 f'{", ".join(unknown)}.')
   return config

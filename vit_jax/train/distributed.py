@@ -20,7 +20,7 @@ import jax
 from jax.experimental import multihost_utils
 import numpy as np
 
-from vit_jax.train import metrics as metrics_lib
+from vit_jax import errors, progress
 
 # 'auto': start the runtime when settings or a multi-process launcher ask for it; 'on': always
 # (JAX detects what is not given); 'off': never.
@@ -51,7 +51,7 @@ def _as_int(name: str, value) -> int | None:
   try:
     return int(value)
   except ValueError:
-    raise ValueError(f'{name}={value!r} is not an integer.') from None
+    raise errors.ConfigError(f'{name}={value!r} is not an integer.') from None
 
 
 def _launcher(environ: Mapping[str, str]) -> str | None:
@@ -73,15 +73,15 @@ def settings(mode: str = 'auto', coordinator_address: str | None = None,
       launcher to complete them, or out of range.
   """
   if mode not in MODES:
-    raise ValueError(f'--distributed={mode!r} is not one of {MODES}.')
+    raise errors.ConfigError(f'--distributed={mode!r} is not one of {MODES}.')
   environ = os.environ if environ is None else environ
   flag_values = {'coordinator_address': coordinator_address, 'num_processes': num_processes,
                  'process_id': process_id}
   given_flags = [f'--{name}' for name, value in flag_values.items() if value is not None]
   if mode == 'off':
     if given_flags:
-      raise ValueError(f'{", ".join(given_flags)} given with --distributed=off, which runs a '
-                       'single process; drop one or the other.')
+      raise errors.ConfigError(f'{", ".join(given_flags)} given with --distributed=off, which runs '
+                               'a single process; drop one or the other.')
     return None
   values, sources = {}, []
   for name, flag_value in flag_values.items():
@@ -102,7 +102,7 @@ def settings(mode: str = 'auto', coordinator_address: str | None = None,
     return None
   missing = [name for name, value in values.items() if value is None]
   if mode == 'auto' and missing and not launcher:
-    raise ValueError(
+    raise errors.ConfigError(
         f'{", ".join(sources)} asked for a run on many processes, but '
         f'{" and ".join("--" + name for name in missing)} (or '
         f'{" and ".join(ENV_VARS[name] for name in missing)}) are not set. Set all three on '
@@ -112,13 +112,13 @@ def settings(mode: str = 'auto', coordinator_address: str | None = None,
   if address is not None:
     host, _, port = address.rpartition(':')
     if not host or not port.isdigit():
-      raise ValueError(f'coordinator_address={address!r} is not HOST:PORT; use process 0\'s '
-                       'host name or IP address and a free port, e.g. 10.0.0.1:1234.')
+      raise errors.ConfigError(f"coordinator_address={address!r} is not HOST:PORT; use process "
+                               "0\'s host name or IP address and a free port, e.g. 10.0.0.1:1234.")
   if count is not None and count < 1:
-    raise ValueError(f'num_processes={count} must be at least 1.')
+    raise errors.ConfigError(f'num_processes={count} must be at least 1.')
   if index is not None and count is not None and not 0 <= index < count:
-    raise ValueError(f'process_id={index} must be in [0, num_processes={count}); give each of '
-                     f'the {count} processes its own id 0..{count - 1}.')
+    raise errors.ConfigError(f'process_id={index} must be in [0, num_processes={count}); give each '
+                             f'of the {count} processes its own id 0..{count - 1}.')
   return Settings(address, count, index, ', '.join(sources) or '--distributed=on')
 
 
@@ -157,7 +157,7 @@ def initialize(mode: str = 'auto', coordinator_address: str | None = None,
   and a message that names the coordinator address and what to check.
   """
   if timeout < 1:
-    raise ValueError(f'--distributed_timeout={timeout} must be at least 1 second.')
+    raise errors.ConfigError(f'--distributed_timeout={timeout} must be at least 1 second.')
   config = settings(mode, coordinator_address, num_processes, process_id)
   if config is None:
     return False
@@ -172,15 +172,15 @@ def initialize(mode: str = 'auto', coordinator_address: str | None = None,
                                process_id=config.process_id,
                                initialization_timeout=timeout)
   except ValueError as error:  # Nothing detected to fill in what is missing.
-    raise ValueError(f'JAX could not complete the distributed settings (from {config.source}): '
-                     f'{error} Pass --coordinator_address, --num_processes and --process_id, or '
-                     'start the processes with a launcher JAX detects (Slurm, Open MPI, Cloud '
-                     'TPU, Kubernetes).') from error
+    raise errors.ConfigError(
+        f'JAX could not complete the distributed settings (from {config.source}): {error} '
+        'Pass --coordinator_address, --num_processes and --process_id, or start the processes '
+        'with a launcher JAX detects (Slurm, Open MPI, Cloud TPU, Kubernetes).') from error
   finally:
     watchdog.cancel()
   devices = jax.devices()
   per_process = collections.Counter(device.process_index for device in devices)
-  metrics_lib.log(
+  progress.log(
       f'Distributed run: process {jax.process_index()} of {jax.process_count()}, '
       f'{jax.local_device_count()} local of {len(devices)} {devices[0].platform} device(s) '
       f'(per process: {", ".join(str(per_process[i]) for i in sorted(per_process))}); '

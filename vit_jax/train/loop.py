@@ -17,6 +17,7 @@ import ml_collections
 import numpy as np
 import optax
 
+from vit_jax import errors, progress
 from vit_jax.models import partitioning
 from vit_jax.train import checkpointing, mesh as mesh_lib, metrics as metrics_lib, optim
 
@@ -53,6 +54,9 @@ class Task(Protocol):
 
   def eval_batches(self) -> Iterable[dict]:
     """This process's test batches, one pass, padded with `mask` 0."""
+
+  def num_eval_batches(self) -> int:
+    """How many batches `eval_batches` yields (the same on every process)."""
 
 
 class TrainingDiverged(RuntimeError):
@@ -146,13 +150,18 @@ def _prefetch(batches: Iterator[dict], mesh, size: int = 2) -> Iterator[dict]:
 
 
 def evaluate_params(task: Task, params: Any, mesh, eval_sums: Callable) -> dict:
-  """Runs the eval split once with the jitted `eval_sums`; one transfer at the end."""
+  """Runs the eval split once with the jitted `eval_sums`; one transfer at the end.
+
+  A pass that takes long prints how far it is (`progress.Phase`).
+  """
   totals = None
+  phase = progress.Phase('Evaluating', total=task.num_eval_batches(), unit='batches')
   for batch in task.eval_batches():
     sums = eval_sums(params, mesh_lib.global_batch(batch, mesh))
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    phase.advance()
   if totals is None:
-    raise ValueError('The test split is empty: there is nothing to evaluate.')
+    raise errors.ConfigError('The test split is empty: there is nothing to evaluate.')
   return {**task.eval_summary(jax.device_get(totals)), **task.extra_eval(params)}
 
 
@@ -177,9 +186,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   mesh_lib.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
   shards = mesh_lib.num_batch_shards(mesh)
   if config.batch_size % (config.accum_steps * shards):
-    raise ValueError(f'batch_size={config.batch_size} must split into accum_steps='
-                     f'{config.accum_steps} microbatches divisible by the {shards} '
-                     'batch shards of the mesh.')
+    raise errors.ConfigError(f'batch_size={config.batch_size} must split into accum_steps='
+                             f'{config.accum_steps} microbatches divisible by the {shards} '
+                             'batch shards of the mesh.')
   tx, schedule = optim.make_optimizer(config.optimizer, config.total_steps)
   rng = jax.random.PRNGKey(config.seed)
   target, shardings = abstract_state(task, tx, mesh, config)
@@ -187,9 +196,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
 
   start_step = checkpointer.latest_step()
+  if start_step is not None and start_step >= config.total_steps:
+    checkpointer.close()
+    return _finished(config, workdir, task, start_step, mesh, target)
   if start_step is not None:
     state = checkpointer.restore(target)
-    metrics_lib.log(f'Resumed from the checkpoint at step {start_step} in '
+    progress.log(f'Resumed from the checkpoint at step {start_step} in '
                     f'{checkpointer.directory}.')
   else:
     start_step = 0
@@ -210,20 +222,20 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
                        out_shardings=(shardings, mesh_lib.replicated(mesh)),
                        donate_argnums=0)
   writer = metrics_lib.MetricWriter(workdir)
-  progress = metrics_lib.Progress(start_step, config.total_steps, config.batch_size)
+  timer = metrics_lib.Progress(start_step, config.total_steps, config.batch_size)
   eval_sums = jax.jit(task.eval_sums)  # Compiled once, reused by every evaluation.
   batches = _prefetch(task.train_batches(start_step), mesh)
   pending: list[tuple[int, dict]] = []
   last_eval = {}
   mesh_desc = ', '.join(f'{axis} {size}' for axis, size in mesh.shape.items())
-  metrics_lib.log(f'Training {config.total_steps} steps of batch {config.batch_size} on '
+  progress.log(f'Training {config.total_steps} steps of batch {config.batch_size} on '
                   f'{mesh.size} device(s) ({jax.devices()[0].platform}; mesh {mesh_desc}), '
                   f'from step {start_step}; workdir {workdir}.')
   try:
     for step in range(start_step + 1, config.total_steps + 1):
       wait_start = time.perf_counter()
       batch = next(batches)
-      progress.add_data_wait(time.perf_counter() - wait_start)
+      timer.add_data_wait(time.perf_counter() - wait_start)
       state, step_metrics = train_step(state, batch, frozen)
       pending.append((step, step_metrics))
 
@@ -241,46 +253,65 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
               f'{last_good} in {checkpointer.directory}. Lower the learning rate or '
               'enable gradient clipping, then rerun to resume from it.')
         train_metrics = _mean_metrics(pending)
-        stats = progress.report(step)
+        stats = timer.report(step)
         writer.write(step, 'train', {**train_metrics, **stats})
-        metrics_lib.log(
+        progress.log(
             f'step {step}/{config.total_steps}  loss {train_metrics["loss"]:.4f}  '
             f'lr {train_metrics["learning_rate"]:.2e}  '
             f'{stats["examples_per_sec"]:.0f} ex/s  '
             f'data wait {100 * stats["data_wait_fraction"]:.0f}%  '
-            f'ETA {metrics_lib.format_duration(stats["eta"])}')
+            f'ETA {progress.format_duration(stats["eta"])}')
         pending = []
       if do_eval:
         last_eval = evaluate_params(task, state['params'], mesh, eval_sums)
         writer.write(step, 'test', last_eval)
-        metrics_lib.log(f'eval at step {step}: ' + '  '.join(
+        progress.log(f'eval at step {step}: ' + '  '.join(
             f'{k} {v:.4f}' for k, v in last_eval.items()))
       if do_save:
         checkpointer.save(step, state)
-    metrics_lib.log(progress.summary())
+    progress.log(timer.summary())
   finally:
     checkpointer.close()
     writer.close()
   return last_eval
 
 
+def _finished(config, workdir: str, task: Task, step: int, mesh, target: State) -> dict:
+  """A rerun of a finished run: says so, and returns its evaluation at `step`."""
+  progress.log(f'{workdir} has finished: its latest checkpoint is at step {step} of '
+               f'config.total_steps={config.total_steps}. Raise --config.total_steps to train '
+               'further; --config.trainer=evaluate evaluates it again.')
+  for row in reversed(metrics_lib.read_rows(workdir)):
+    if row.get('split') == 'test' and row.get('step') == step:
+      results = {k: v for k, v in row.items() if k not in ('step', 'split')}
+      progress.log(f'eval at step {step}: ' + '  '.join(f'{k} {v:.4f}'
+                                                        for k, v in results.items()))
+      return results
+  with checkpointing.Checkpointer(workdir) as checkpointer:
+    state = checkpointer.restore(target, step)
+  return _evaluate_and_write(workdir, task, state['params'], step, mesh)
+
+
+def _evaluate_and_write(workdir: str, task: Task, params, step: int, mesh) -> dict:
+  results = evaluate_params(task, params, mesh, jax.jit(task.eval_sums))
+  writer = metrics_lib.MetricWriter(workdir)
+  writer.write(step, 'test', results)
+  writer.close()
+  progress.log(f'eval of step {step}: ' + '  '.join(f'{k} {v:.4f}'
+                                                     for k, v in results.items()))
+  return results
+
+
 def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   """Evaluates the latest checkpoint in WORKDIR on the test split."""
   mesh = mesh_lib.make_mesh(config.mesh_shape)
   mesh_lib.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
-  checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
-  step = checkpointer.latest_step()
-  if step is None:
-    raise FileNotFoundError(f'No checkpoint to evaluate in {checkpointer.directory}; '
-                            'train first, or point --workdir at a trained run.')
-  tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
-  target, _ = abstract_state(task, tx, mesh, config)
-  state = checkpointer.restore(target, step)
-  checkpointer.close()
-  results = evaluate_params(task, state['params'], mesh, jax.jit(task.eval_sums))
-  writer = metrics_lib.MetricWriter(workdir)
-  writer.write(step, 'test', results)
-  writer.close()
-  metrics_lib.log(f'eval of step {step}: ' + '  '.join(f'{k} {v:.4f}'
-                                                        for k, v in results.items()))
-  return results
+  with checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints) as checkpointer:
+    step = checkpointer.latest_step()
+    if step is None:
+      raise errors.MissingFileError(f'No checkpoint to evaluate in {checkpointer.directory}; '
+                                    'train first, or point --workdir at a trained run.')
+    tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
+    target, _ = abstract_state(task, tx, mesh, config)
+    state = checkpointer.restore(target, step)
+  return _evaluate_and_write(workdir, task, state['params'], step, mesh)

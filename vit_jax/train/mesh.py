@@ -17,6 +17,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from vit_jax import errors
+
 MESH_AXES = ('data', 'fsdp', 'model')
 BATCH_AXES = ('data', 'fsdp')  # The batch dimension is split over both.
 # The modules' logical axis names -> mesh axis (None: never split by name).
@@ -41,23 +43,24 @@ def make_mesh(mesh_shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
   shape = tuple(int(n) for n in mesh_shape)
   where = f'config.mesh_shape={tuple(mesh_shape)}'
   if len(shape) != len(MESH_AXES) or any(n == 0 or n < -1 for n in shape) or shape.count(-1) > 1:
-    raise ValueError(f'{where} must be 3 positive sizes for the axes {MESH_AXES}, one of '
-                     'which may be -1 (all remaining devices), e.g. (-1, 1, 1).')
+    raise errors.ConfigError(f'{where} must be 3 positive sizes for the axes {MESH_AXES}, one of '
+                             'which may be -1 (all remaining devices), e.g. (-1, 1, 1).')
   known = math.prod(n for n in shape if n != -1)
   if -1 in shape:
     if len(devices) % known:
-      raise ValueError(f'{where}: {len(devices)} devices do not split into groups of {known}; '
-                       f'use sizes whose product divides {len(devices)}.')
+      raise errors.ConfigError(f'{where}: {len(devices)} devices do not split into groups of '
+                               f'{known}; use sizes whose product divides {len(devices)}.')
     shape = tuple(len(devices) // known if n == -1 else n for n in shape)
   if math.prod(shape) != len(devices):
-    raise ValueError(f'{where} needs {math.prod(shape)} devices, but there are {len(devices)} '
-                     f'({jax.process_count()} process(es) x {jax.local_device_count()} local '
-                     'devices); make the product of the sizes equal the device count, or use -1.')
+    raise errors.ConfigError(f'{where} needs {math.prod(shape)} devices, but there are '
+                             f'{len(devices)} ({jax.process_count()} process(es) x '
+                             f'{jax.local_device_count()} local devices); make the product of the '
+                             'sizes equal the device count, or use -1.')
   model_size = shape[2]
   if jax.process_count() > 1 and jax.local_device_count() % model_size:
-    raise ValueError(f'{where}: the model axis ({model_size}) must divide the '
-                     f'{jax.local_device_count()} devices of each process, so that a model '
-                     'group never spans hosts.')
+    raise errors.ConfigError(f'{where}: the model axis ({model_size}) must divide the '
+                             f'{jax.local_device_count()} devices of each process, so that a model '
+                             'group never spans hosts.')
   return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
 
 
@@ -76,9 +79,10 @@ def num_batch_shards(mesh: Mesh) -> int:
 def check_batch_size(batch_size: int, mesh: Mesh, name: str = 'batch_size'):
   shards = num_batch_shards(mesh)
   if batch_size % shards:
-    raise ValueError(f'{name}={batch_size} is not divisible by the {shards} batch shards of '
-                     f'the mesh (data x fsdp = {mesh.shape["data"]} x {mesh.shape["fsdp"]}); '
-                     f'use a multiple of {shards}, e.g. {max(shards, batch_size // shards * shards)}.')
+    raise errors.ConfigError(f'{name}={batch_size} is not divisible by the {shards} batch shards '
+                             f'of the mesh (data x fsdp = {mesh.shape["data"]} x '
+                             f'{mesh.shape["fsdp"]}); use a multiple of {shards}, e.g. '
+                             f'{max(shards, batch_size // shards * shards)}.')
 
 
 def _path_name(path) -> str:
@@ -94,7 +98,7 @@ def _leaf_spec(name: str, logical: P, shape: tuple[int, ...], mesh: Mesh,
       if mesh_axis is None or mesh.shape[mesh_axis] == 1:
         continue
       if shape[dim] % mesh.shape[mesh_axis]:
-        raise ValueError(
+        raise errors.ConfigError(
             f'Parameter {name} of shape {shape}: dimension {dim} ({logical[dim]!r}, size '
             f'{shape[dim]}) is not divisible by the {mesh_axis!r} mesh axis '
             f'({mesh.shape[mesh_axis]}). Pick a {mesh_axis} size that divides it, or change '

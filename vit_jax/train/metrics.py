@@ -1,17 +1,12 @@
 """What a run reports: log lines, TensorBoard event files and WORKDIR/metrics.jsonl."""
 
 import json
-import os
 import time
 
 import jax
 
-
-def format_duration(seconds: float) -> str:
-  seconds = int(max(seconds, 0))
-  hours, rest = divmod(seconds, 3600)
-  minutes, seconds = divmod(rest, 60)
-  return f'{hours}h{minutes:02d}m' if hours else f'{minutes}m{seconds:02d}s'
+from vit_jax import files
+from vit_jax.progress import format_duration
 
 
 class MetricWriter:
@@ -22,19 +17,19 @@ class MetricWriter:
 
   def __init__(self, workdir: str):
     self.enabled = jax.process_index() == 0
-    self._jsonl_path = os.path.join(workdir, 'metrics.jsonl')
+    self._jsonl_path = files.join(workdir, 'metrics.jsonl')
     self._summary_writer = None
     if self.enabled:
-      os.makedirs(workdir, exist_ok=True)
+      files.makedirs(workdir)
       from vit_jax.data.tf_cpu import tf  # TensorFlow, kept off the accelerators.
       self._tf = tf
-      self._summary_writer = tf.summary.create_file_writer(os.path.join(workdir, 'tensorboard'))
+      self._summary_writer = tf.summary.create_file_writer(files.join(workdir, 'tensorboard'))
 
   def write(self, step: int, split: str, scalars: dict):
     if not self.enabled:
       return
     scalars = {k: float(v) for k, v in scalars.items()}
-    with open(self._jsonl_path, 'a') as f:
+    with files.open_file(self._jsonl_path, 'a') as f:
       f.write(json.dumps({'step': int(step), 'split': split, **scalars}) + '\n')
     with self._summary_writer.as_default(step=int(step)):
       for name, value in scalars.items():
@@ -44,6 +39,14 @@ class MetricWriter:
   def close(self):
     if self._summary_writer is not None:
       self._summary_writer.close()
+
+
+def read_rows(workdir: str) -> list[dict]:
+  """The objects of WORKDIR/metrics.jsonl, in order; [] when there is none."""
+  path = files.join(workdir, 'metrics.jsonl')
+  if not files.exists(path):
+    return []
+  return [json.loads(line) for line in files.read_text(path).splitlines() if line.strip()]
 
 
 class Progress:
@@ -77,8 +80,3 @@ class Progress:
             f'waiting for data {100 * self.total_data_wait / max(wall, 1e-9):.1f}% '
             'of the wall time')
 
-
-def log(message: str):
-  """Prints on process 0 only (every process computes the same numbers)."""
-  if jax.process_index() == 0:
-    print(message, flush=True)

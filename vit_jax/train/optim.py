@@ -5,6 +5,8 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
+from vit_jax import errors
+
 SCHEDULES = ('cosine', 'linear', 'constant', 'rsqrt')
 OPTIMIZERS = ('adamw', 'adam', 'sgd')
 
@@ -30,7 +32,7 @@ def default_config() -> ml_collections.ConfigDict:
 def make_schedule(config: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
   """Linear warmup, then the configured decay, as a function of the step."""
   if config.schedule not in SCHEDULES:
-    raise ValueError(f'Unknown schedule {config.schedule!r}; choose one of {SCHEDULES}.')
+    raise errors.ConfigError(f'Unknown schedule {config.schedule!r}; choose one of {SCHEDULES}.')
   peak, warmup = config.learning_rate, config.warmup_steps
   if config.schedule == 'rsqrt':
     # The Transformer paper: peak * min(step / warmup, sqrt(warmup / step)).
@@ -59,7 +61,7 @@ def make_optimizer(config: ml_collections.ConfigDict,
                    total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
   """The optax transformation and its learning-rate schedule."""
   if config.name not in OPTIMIZERS:
-    raise ValueError(f'Unknown optimizer {config.name!r}; choose one of {OPTIMIZERS}.')
+    raise errors.ConfigError(f'Unknown optimizer {config.name!r}; choose one of {OPTIMIZERS}.')
   schedule = make_schedule(config, total_steps)
   state_dtype = jnp.dtype(config.state_dtype)
   if config.name == 'sgd':

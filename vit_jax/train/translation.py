@@ -13,20 +13,13 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import decode, models
+from vit_jax import decode, progress
 from vit_jax.data import text
-from vit_jax.train import checkpointing, distributed, metrics as metrics_lib
+from vit_jax.train import checkpointing, config as config_lib, distributed
 from vit_jax.train.classification import cross_entropy
 
 PACKING_KEYS = ('inputs_segmentation', 'targets_segmentation', 'inputs_position',
                 'targets_position')
-
-
-def build_model(config: ml_collections.ConfigDict, vocab_size: int):
-  settings = {k: v for k, v in config.model.items() if k != 'name'}
-  if config.mixed_precision:
-    settings['dtype'] = jnp.bfloat16
-  return models.get_model(config.model.name, vocab_size=vocab_size, **settings)
 
 
 def _packing_kwargs(batch: dict) -> dict:
@@ -100,7 +93,7 @@ class TranslationTask:
     process_count = jax.process_count()
     self.local_batch_size = config.batch_size // process_count
     self.local_eval_batch_size = config.eval_batch_size // process_count
-    self.model = build_model(config, self.tokenizer.vocab_size)
+    self.model = config_lib.build_model(config.model, vocab_size=self.tokenizer.vocab_size)
     self._translator = None  # Built by the first `extra_eval`.
 
   def init_params(self, rng):
@@ -159,7 +152,7 @@ class TranslationTask:
     self._translator.params = params
     hypotheses = self._translator.translate(sources)
     for source, hypothesis, reference in list(zip(sources, hypotheses, references))[:3]:
-      metrics_lib.log(f'  {source!r} -> {hypothesis!r} (reference {reference!r})')
+      progress.log(f'  {source!r} -> {hypothesis!r} (reference {reference!r})')
     hypotheses = distributed.allgather_texts(hypotheses)
     return {**text_metrics(hypotheses, distributed.allgather_texts(references)),
             'num_decoded': float(len(hypotheses))}
@@ -170,6 +163,9 @@ class TranslationTask:
 
   def eval_batches(self):
     return self.data.eval_batches(self.local_eval_batch_size)
+
+  def num_eval_batches(self):
+    return self.data.num_eval_batches(self.local_eval_batch_size)
 
 
 def _read_lines(config) -> Iterable[str]:
@@ -182,8 +178,8 @@ def _read_lines(config) -> Iterable[str]:
 def translate(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   """Translates lines from `config.input_file` or stdin to stdout with the latest checkpoint."""
   tokenizer = text.load_tokenizer(config.data, workdir)
-  model = build_model(config, tokenizer.vocab_size)
-  params = checkpointing.Checkpointer(workdir).restore_params()
+  model = config_lib.build_model(config.model, vocab_size=tokenizer.vocab_size)
+  params, _ = checkpointing.restore_params(workdir)
   outputs = Translator(model, params, tokenizer, config).translate(list(_read_lines(config)))
   for line in outputs:
     print(line)

@@ -15,10 +15,9 @@ import os
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 
-from vit_jax import visualize
-from vit_jax.train import checkpointing, config as train_config, metrics as metrics_lib
+from vit_jax import errors, progress, visualize
+from vit_jax.train import checkpointing, config as train_config
 
 
 def _split_inputs(inputs: str) -> list[str]:
@@ -27,27 +26,26 @@ def _split_inputs(inputs: str) -> list[str]:
 
 def _restore_params(config: ml_collections.ConfigDict, workdir: str, init_params) -> dict:
   """The latest checkpoint in `workdir`, else the weights `config.pretrained` names."""
-  checkpointer = checkpointing.Checkpointer(workdir)
-  if checkpointer.latest_step() is not None:
-    return checkpointer.restore_params()
+  with checkpointing.Checkpointer(workdir) as checkpointer:
+    if checkpointer.latest_step() is not None:
+      return checkpointer.restore_params()
   if config.get('pretrained'):
     from vit_jax.train import classification  # pylint: disable=g-import-not-at-top
     return classification.load_weights(config.pretrained, jax.device_get(init_params))
-  raise FileNotFoundError(
+  raise errors.MissingFileError(
       f'No checkpoint in {checkpointer.directory} to visualize. Train first '
       f'(--config.trainer=train) or pass published weights with --config.pretrained=FILE.npz.')
 
 
 def _layer_index(layer: int, num_layers: int) -> int:
   if not -num_layers <= layer < num_layers:
-    raise ValueError(f'config.visualize.layer={layer} is out of range for a model with '
-                     f'{num_layers} layers (use 0..{num_layers - 1}, or -1 for the last).')
+    raise errors.ConfigError(f'config.visualize.layer={layer} is out of range for a model with '
+                             f'{num_layers} layers (use 0..{num_layers - 1}, or -1 for the last).')
   return layer % num_layers
 
 
 def _image_attention(config, workdir: str, output_dir: str) -> list[str]:
   from vit_jax.data import images as image_data  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import classification  # pylint: disable=g-import-not-at-top
   data = image_data.build(config.data)
   files = _split_inputs(config.visualize.inputs)
   if files:
@@ -56,7 +54,7 @@ def _image_attention(config, workdir: str, output_dir: str) -> list[str]:
     batch = next(data.eval_batches(config.visualize.num_examples))
     count = int(batch['mask'].sum())
     inputs, labels = batch['image'][:count], batch['label'][:count]
-  model = classification.build_model(config.model, data.num_classes)
+  model = train_config.build_model(config.model, num_classes=data.num_classes)
   init_params = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, *data.image_shape))))['params']
   params = _restore_params(config, workdir, init_params)
@@ -87,7 +85,7 @@ def _cross_attention(config, workdir: str, output_dir: str) -> list[str]:
     pairs = text.build(config.data, workdir=workdir).eval_texts()
     sentences = [source for source, _ in pairs[:config.visualize.num_examples]]
   tokenizer = text.load_tokenizer(config.data, workdir)
-  model = translation.build_model(config, tokenizer.vocab_size)
+  model = train_config.build_model(config.model, vocab_size=tokenizer.vocab_size)
   tokens = jnp.ones((1, config.data.max_length), jnp.int32)
   init_params = jax.eval_shape(
       lambda: model.init(jax.random.PRNGKey(0), tokens, tokens))['params']
@@ -125,5 +123,5 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
     figure = visualize.plot_training_curves(workdir, title=title)
     paths.append(visualize.save_figure(figure, os.path.join(output_dir, 'training_curves.png')))
   for path in paths:
-    metrics_lib.log(f'Wrote {path}')
+    progress.log(f'Wrote {path}')
   return paths

@@ -1,0 +1,220 @@
+"""Files on any filesystem: local paths, and every scheme tf.io.gfile reaches.
+
+`gs://`, `s3://`, `hdfs://`, TensorFlow's in-memory `ram://`, ...: anything with a
+`SCHEME://` goes through tf.io.gfile (TensorFlow is imported on first use); local paths
+use the os module. http(s) URLs can be read, not written.
+"""
+
+import contextlib
+import glob as local_glob
+import os
+import shutil
+import tempfile
+import uuid
+from typing import Callable, Iterator
+
+from vit_jax import errors
+
+_WEB = ('http://', 'https://')
+
+
+def is_remote(path: str | os.PathLike) -> bool:
+  """True for `SCHEME://...` paths (gs://, ram://, http://, ...)."""
+  return '://' in os.fspath(path)
+
+
+def _gfile():
+  try:
+    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise errors.ConfigError('Remote paths (gs://, s3://, ...) need TensorFlow '
+                             '(tf.io.gfile): install tensorflow-cpu, or copy the files to '
+                             'a local path.') from e
+  return tf.io.gfile
+
+
+def _check_writable(path: str):
+  if os.fspath(path).startswith(_WEB):
+    raise errors.ConfigError(f'Cannot write to {path}: http(s) URLs are read-only.')
+
+
+def absolute(path: str) -> str:
+  """A local path made absolute (with ~ expanded); remote paths as they are."""
+  path = os.fspath(path)
+  return path if is_remote(path) else os.path.abspath(os.path.expanduser(path))
+
+
+def join(path: str, *names: str) -> str:
+  return os.path.join(path, *names)
+
+
+def exists(path: str) -> bool:
+  path = os.fspath(path)
+  if path.startswith(_WEB):
+    return False  # Unknown until read; read_bytes says if it is missing.
+  return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
+
+
+def isdir(path: str) -> bool:
+  path = os.fspath(path)
+  if path.startswith(_WEB):
+    return False
+  return _gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
+
+
+def makedirs(path: str):
+  path = os.fspath(path)
+  _check_writable(path)
+  if is_remote(path):
+    _gfile().makedirs(path)
+  else:
+    os.makedirs(path, exist_ok=True)
+
+
+def listdir(path: str) -> list[str]:
+  """Names in directory `path` (no trailing '/'), sorted."""
+  path = os.fspath(path)
+  if is_remote(path):
+    return sorted(name.rstrip('/') for name in _gfile().listdir(path))
+  return sorted(os.listdir(path))
+
+
+def glob(pattern: str) -> list[str]:
+  """Paths matching `pattern` (`*`, `?`, `[...]`), sorted."""
+  pattern = os.fspath(pattern)
+  if is_remote(pattern):
+    return sorted(_gfile().glob(pattern))
+  return sorted(local_glob.glob(os.path.expanduser(pattern)))
+
+
+def remove_tree(path: str):
+  """Removes directory `path` and everything in it; nothing when it does not exist."""
+  path = os.fspath(path)
+  if is_remote(path):
+    if _gfile().exists(path):
+      _gfile().rmtree(path)
+  else:
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def open_file(path: str, mode: str = 'r'):
+  """A file object, like `open` (text modes are UTF-8)."""
+  path = os.fspath(path)
+  if 'w' in mode or 'a' in mode:
+    _check_writable(path)
+  if is_remote(path):
+    return _gfile().GFile(path, mode)
+  return open(path, mode, encoding=None if 'b' in mode else 'utf-8')
+
+
+def read_bytes(path: str) -> bytes:
+  """The whole file: local, http(s) (urllib) or any tf.io.gfile scheme.
+
+  Raises:
+    MissingFileError: there is no such file.
+  """
+  path = os.fspath(path)
+  if path.startswith(_WEB):
+    import urllib.error  # pylint: disable=g-import-not-at-top
+    import urllib.request  # pylint: disable=g-import-not-at-top
+    try:
+      with urllib.request.urlopen(path) as response:
+        return response.read()
+    except urllib.error.HTTPError as e:
+      if e.code == 404:
+        raise errors.MissingFileError(f'{path} does not exist (HTTP 404).') from None
+      raise
+  if not exists(path):
+    raise errors.MissingFileError(f'{path} does not exist.')
+  with open_file(path, 'rb') as f:
+    return f.read()
+
+
+def read_text(path: str) -> str:
+  return read_bytes(path).decode('utf-8')
+
+
+def write_atomically(path: str, write: Callable[[str], None], *,
+                     overwrite: bool = True) -> None:
+  """Calls `write(local_tmp_path)`, then moves the file to `path` in one rename.
+
+  Readers never see a partial file: a crash or error inside `write` leaves `path` as
+  it was and removes the temporary file. Remote files are written locally, copied
+  beside `path` and renamed.
+
+  Raises:
+    FileExistsError: `path` exists and `overwrite` is False.
+  """
+  path = os.fspath(path)
+  _check_writable(path)
+  if isdir(path):
+    raise errors.ConfigError(f'{path} is a directory; give a file name.')
+  if not overwrite and exists(path):
+    raise FileExistsError(f'{path} already exists; pass overwrite=True (--overwrite on '
+                          'the command line) to replace it.')
+  if is_remote(path):
+    gfile = _gfile()
+    gfile.makedirs(os.path.dirname(path))
+    with tempfile.TemporaryDirectory() as local_dir:
+      local = os.path.join(local_dir, os.path.basename(path))
+      write(local)
+      remote_tmp = f'{path}.tmp-{uuid.uuid4().hex}'
+      gfile.copy(local, remote_tmp, overwrite=True)
+      try:
+        gfile.rename(remote_tmp, path, overwrite=True)
+      except BaseException:
+        with contextlib.suppress(Exception):
+          gfile.remove(remote_tmp)
+        raise
+    return
+  directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{os.path.basename(path)}.',
+                             suffix='.tmp')
+  os.close(fd)
+  try:
+    write(tmp)
+    with open(tmp, 'rb') as f:
+      os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)  # mkstemp makes it owner-only.
+    os.replace(tmp, path)
+  except BaseException:
+    with contextlib.suppress(FileNotFoundError):
+      os.unlink(tmp)
+    raise
+
+
+def write_bytes_atomically(path: str, data: bytes, *, overwrite: bool = True):
+  def write(tmp):
+    with open(tmp, 'wb') as f:
+      f.write(data)
+  write_atomically(path, write, overwrite=overwrite)
+
+
+def write_text_atomically(path: str, text: str):
+  write_bytes_atomically(path, text.encode('utf-8'))
+
+
+def walk_files(directory: str) -> Iterator[str]:
+  """Paths relative to `directory` of every file below it."""
+  if not is_remote(directory):
+    for root, _, names in os.walk(directory):
+      for name in names:
+        yield os.path.relpath(os.path.join(root, name), directory)
+    return
+  for root, _, names in _gfile().walk(directory):
+    for name in names:
+      yield os.path.relpath(os.path.join(root, name), directory)
+
+
+def copy_tree(source: str, destination: str):
+  """Copies every file below `source` to the same place below `destination`."""
+  gfile = _gfile() if is_remote(source) or is_remote(destination) else None
+  for relative in walk_files(source):
+    target = os.path.join(destination, relative)
+    if gfile is None:
+      os.makedirs(os.path.dirname(target), exist_ok=True)
+      shutil.copyfile(os.path.join(source, relative), target)
+    else:
+      gfile.makedirs(os.path.dirname(target))
+      gfile.copy(os.path.join(source, relative), target, overwrite=True)

@@ -1,0 +1,175 @@
+"""`trainer=predict`: what is in these pictures? The top classes of image files.
+
+  python -m vit_jax.main --workdir=runs/digits --config.trainer=predict \
+      --config.predict.inputs='digit.png,more_digits/'
+  python -m vit_jax.main --config=configs/vit.py:ViT-B_16,imagenet2012 --config.trainer=predict \
+      --config.pretrained=ViT-B_16.npz --config.predict.inputs='photos/*.jpg'
+
+Weights come from the workdir's latest checkpoint, else from `config.pretrained` (a
+published .npz, or another workdir). No dataset is built: images are read and preprocessed
+like test images, the class count comes from the weights, and the class names from
+WORKDIR/class_names.json (saved at training) or from the dataset's name
+(`vit_jax.data.class_names`); unknown names are shown as class indices.
+"""
+
+import json
+import math
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+from vit_jax import checkpoint as weights
+from vit_jax import errors, files, progress
+from vit_jax.data import class_names as class_names_lib
+from vit_jax.data import images as image_data
+from vit_jax.models.vit import stem_stride
+from vit_jax.train import checkpointing, config as config_lib
+
+IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.gif', '.bmp')
+_GLOB_CHARACTERS = '*?['
+
+
+def expand_inputs(spec: str) -> list[str]:
+  """'a.png,photos/,shots/*.jpg' -> image paths: files as given, the images below each
+  folder (sorted, recursively), the matches of each glob (sorted)."""
+  items = [item.strip() for item in spec.split(',') if item.strip()]
+  if not items:
+    raise errors.ConfigError(
+        "config.predict.inputs is empty: give image files, folders or globs separated by ',', "
+        "e.g. --config.predict.inputs='cat.jpg,photos/'.")
+  paths = []
+  for item in items:
+    if files.isdir(item):
+      found = [files.join(item, name) for name in sorted(files.walk_files(item))
+               if name.lower().endswith(IMAGE_EXTENSIONS)]
+      if not found:
+        raise errors.MissingFileError(f'Folder {item} (config.predict.inputs) holds no '
+                                      f'{"/".join(IMAGE_EXTENSIONS)} files.')
+      paths += found
+    elif any(c in item for c in _GLOB_CHARACTERS):
+      found = files.glob(item)
+      if not found:
+        raise errors.MissingFileError(f'No file matches {item!r} (config.predict.inputs).')
+      paths += found
+    elif not files.exists(item):
+      raise errors.MissingFileError(f'Image file {item} (config.predict.inputs) does not exist.')
+    else:
+      paths.append(item)
+  return paths
+
+
+def _num_classes(params) -> int:
+  flat = weights.flatten_params(params)
+  if 'head/bias' not in flat:
+    raise errors.ConfigError('The weights have no classification head (head/bias): they are '
+                             'a feature extractor, which predicts no classes.')
+  return int(flat['head/bias'].shape[-1])
+
+
+def _checkpoint_image_size(flat: dict, model) -> int | None:
+  """The square image size that a checkpoint's position embedding was trained at."""
+  if weights.POSEMB not in flat:
+    return None
+  grid = flat[weights.POSEMB].shape[1] - sum(token in flat for token in weights.EXTRA_TOKENS)
+  side = math.isqrt(grid)
+  pixels = model.patch_size[0] * stem_stride(model.resnet_layers)
+  return side * pixels if side * side == grid else None
+
+
+def load_model_and_params(config: ml_collections.ConfigDict, workdir: str | None):
+  """(model, params, source) from WORKDIR's latest checkpoint or `config.pretrained`."""
+  image_shape = (config.data.image_size, config.data.image_size, config.data.channels)
+  if workdir is not None:
+    with checkpointing.Checkpointer(workdir) as checkpointer:
+      step = checkpointer.latest_step()
+      if step is not None:
+        params = checkpointer.restore_params(step)
+        model = config_lib.build_model(config.model, num_classes=_num_classes(params))
+        return model, params, f'{checkpointer.directory} at step {step}'
+  if not config.get('pretrained'):
+    where = f'no checkpoint in {files.join(workdir, "checkpoints")} and' if workdir else ''
+    raise errors.MissingFileError(
+        f'Nothing to predict with: {where} no config.pretrained. Train first, or pass '
+        'published weights with --config.pretrained=FILE.npz (and the model with '
+        '--config=configs/vit.py:MODEL,DATASET).')
+  path = config.pretrained
+  if files.isdir(path):
+    source, _ = checkpointing.restore_params(path)
+  else:
+    source = weights.load_npz(path)
+  model = config_lib.build_model(config.model, num_classes=_num_classes(source))
+  init = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, *image_shape))))
+  native = _checkpoint_image_size(weights.canonicalize(source), model)
+  if native and native != config.data.image_size:
+    progress.log(f'{path} was trained at {native}x{native}; predicting at '
+                 f'{config.data.image_size}x{config.data.image_size} (config.data.image_size) '
+                 f'with its position embeddings resized. --config.data.image_size={native} '
+                 'predicts at its own resolution.')
+  params = weights.load_pretrained(source, init['params'])
+  return model, params, path
+
+
+def _class_names(config, workdir: str | None, num_classes: int) -> list[str]:
+  names = class_names_lib.load(workdir) if workdir else None
+  if names is None:
+    names = class_names_lib.for_dataset(config.data)
+  if names is not None and len(names) == num_classes:
+    return list(names)
+  if names is not None:
+    progress.log(f'Note: {len(names)} class names for {config.data.dataset}, but the weights '
+                 f'have {num_classes} classes; showing class indices.')
+  return [str(i) for i in range(num_classes)]
+
+
+def predict_files(model, params, paths: list[str], data_config, batch_size: int) -> np.ndarray:
+  """Class probabilities (len(paths), num_classes) of image files, in fixed-size batches."""
+  apply = jax.jit(lambda p, x: jax.nn.softmax(model.apply({'params': p}, x), axis=-1))
+  probabilities = []
+  with progress.phase(f'Predicting {len(paths)} image(s)', total=len(paths),
+                      unit='images') as phase:
+    for start in range(0, len(paths), batch_size):
+      chunk = paths[start:start + batch_size]
+      images = image_data.load_files(chunk, data_config)
+      padded = np.concatenate([images, np.zeros((batch_size - len(chunk), *images.shape[1:]),
+                                                images.dtype)])  # One compiled shape.
+      probabilities.append(np.asarray(apply(params, padded))[:len(chunk)])
+      phase.advance(len(chunk))
+  return np.concatenate(probabilities)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str | None) -> list[dict]:
+  """Prints the top `config.predict.top_k` classes of each input image; returns them.
+
+  Each result is {'file', 'predictions': [{'class', 'name', 'probability'}, ...]}; with
+  `config.predict.output_file` they are also written there, one JSON object per line.
+  """
+  settings = config.predict
+  if settings.top_k < 1:
+    raise errors.ConfigError(f'config.predict.top_k={settings.top_k} must be at least 1.')
+  if settings.batch_size < 1:
+    raise errors.ConfigError(f'config.predict.batch_size={settings.batch_size} must be at '
+                             'least 1.')
+  paths = expand_inputs(settings.inputs)
+  model, params, source = load_model_and_params(config, workdir)
+  names = _class_names(config, workdir, model.num_classes)
+  progress.log(f'Weights: {source} ({config.model.name}, {model.num_classes} classes).')
+  probabilities = predict_files(model, params, paths, config.data,
+                                min(settings.batch_size, len(paths)))
+  top_k = min(settings.top_k, model.num_classes)
+  results = []
+  for path, row in zip(paths, probabilities):
+    best = np.argsort(-row, kind='stable')[:top_k]
+    predictions = [{'class': int(c), 'name': names[c], 'probability': float(row[c])}
+                   for c in best]
+    results.append({'file': path, 'predictions': predictions})
+    print(path)
+    for p in predictions:
+      label = p['name'] if p['name'] == str(p['class']) else f'{p["name"]} ({p["class"]})'
+      print(f'  {100 * p["probability"]:6.2f}%  {label}')
+  if settings.output_file:
+    files.write_text_atomically(settings.output_file,
+                                ''.join(json.dumps(r, ensure_ascii=False) + '\n' for r in results))
+    progress.log(f'Wrote {settings.output_file}')
+  return results
