@@ -2,7 +2,6 @@
 
 import json
 import os
-import re
 import subprocess
 import sys
 
@@ -21,15 +20,12 @@ def override(config, overrides: dict):
   return config
 
 
-# Lines TensorFlow's and XLA's C++ logging print on stderr at start-up, not ours.
-_NATIVE_LOG_LINE = re.compile(r'^([IWEF]\d{4} |WARNING: All log messages before absl)')
-
-
 def user_error(stderr: str) -> str:
-  """The one line a user's mistake prints (`error: ...`); fails unless it is all we printed."""
-  lines = [line for line in stderr.splitlines() if line and not _NATIVE_LOG_LINE.match(line)]
-  assert len(lines) == 1 and lines[0].startswith('error: '), stderr
-  return lines[0]
+  """The one line a user's mistake ends with (`error: ...`); fails on a traceback."""
+  assert 'Traceback (most recent call last)' not in stderr, stderr
+  last = stderr.rstrip('\n').rsplit('\n', 1)[-1]
+  assert last.startswith('error: '), stderr
+  return last
 
 
 def read_metrics(workdir, split):

@@ -1,14 +1,18 @@
 """What a run tells its user while it works: log lines, long phases, progress counts.
 
-Printed on process 0 only (every process computes the same numbers), to stdout.
+Printed on process 0 only (every process computes the same numbers): `log` lines to stdout,
+`Phase` lines to stderr.
 """
 
 import contextlib
+import sys
+import threading
 import time
 from typing import Iterator
 
 import jax
 
+SLOW_SECONDS = 2.0  # Work that takes longer says what it is doing.
 TICK_SECONDS = 10.0  # Least time between two progress lines of one phase.
 
 
@@ -26,13 +30,31 @@ def log(message: str):
 
 
 class Phase:
-  """A long piece of work: says when it starts, how far it is, and when it ends."""
+  """A piece of work that may take long: says so when it does, how far it is, and when it ends.
+
+  Nothing is printed for work done within SLOW_SECONDS. Past that, a line says what is
+  under way, progress lines follow at most every TICK_SECONDS, and a last line says what
+  was done and how long it took. Phase lines go to stderr, so that stdout keeps a mode's
+  own output (translations, predictions).
+  """
 
   def __init__(self, description: str, total: int | None = None, unit: str = ''):
     self.description, self.total, self.unit = description, total, unit
     self.done = 0
-    self.result = ''  # Said at the end, e.g. 'read 29,000 pairs'.
+    self.result = ''  # Said at the end, e.g. '29,000 lines'.
     self._start = self._last_tick = time.perf_counter()
+    self._announced = False
+    self._timer = threading.Timer(SLOW_SECONDS, self._announce)
+    self._timer.daemon = True
+    self._timer.start()
+
+  def _print(self, message: str):
+    if jax.process_index() == 0:
+      print(message, file=sys.stderr, flush=True)
+
+  def _announce(self):
+    self._announced = True
+    self._print(f'{self.description}...')
 
   def _count(self) -> str:
     total = f' of {self.total:,}' if self.total is not None else ''
@@ -42,25 +64,33 @@ class Phase:
     """Counts `count` more done; prints a progress line at most every TICK_SECONDS."""
     self.done += count
     now = time.perf_counter()
-    if now - self._last_tick >= TICK_SECONDS:
+    if self._announced and now - self._last_tick >= TICK_SECONDS:
       self._last_tick = now
-      log(f'  {self.description}: {self._count()} '
-          f'({format_duration(now - self._start)})')
+      self._print(f'  {self.description}: {self._count()} '
+                  f'({format_duration(now - self._start)})')
+
+  def cancel(self):
+    """Ends the phase without its last line (the work failed; the error says how)."""
+    self._timer.cancel()
 
   def finish(self):
-    seconds = time.perf_counter() - self._start
-    what = self.result or (self._count() if self.unit else 'done')
-    log(f'{self.description}: {what} in {seconds:.1f}s.')
+    self._timer.cancel()
+    if self._announced:
+      seconds = time.perf_counter() - self._start
+      what = self.result or (self._count() if self.unit else 'done')
+      self._print(f'{self.description}: {what} in {seconds:.1f}s.')
 
 
 @contextlib.contextmanager
 def phase(description: str, total: int | None = None, unit: str = '') -> Iterator[Phase]:
-  """`with phase('Reading train.en', unit='lines') as p: ... p.advance()`.
+  """`with phase('Reading train.en', unit='lines') as p: ... p.advance()` (see `Phase`).
 
-  Prints '<description>...' at the start and '<description>: <result> in 3.2s.' at the
-  end (not when the work fails: the error says what happened).
+  The last line is printed when the work succeeds; on an error the error says what happened.
   """
-  log(f'{description}...')
   current = Phase(description, total, unit)
-  yield current
+  try:
+    yield current
+  except BaseException:
+    current.cancel()
+    raise
   current.finish()

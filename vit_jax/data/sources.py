@@ -17,7 +17,7 @@ from absl import logging
 import ml_collections
 import numpy as np
 
-from vit_jax import errors, files
+from vit_jax import errors, files, progress
 from vit_jax.data.tf_cpu import tf
 
 DIGITS_NUM_TEST = 360  # Of sklearn's 1797 digits; the other 1437 are the train split.
@@ -163,10 +163,11 @@ def _prepare_tfds(builder, name: str, config: ml_collections.ConfigDict, tfds):
   if not config.tfds_download:
     raise errors.DataUnavailableError(f'TFDS dataset {name!r} is not prepared in {where} and '
                                       f'config.data.tfds_download is False. {how}')
-  logging.info('Preparing TFDS dataset %s in %s', name, builder.data_dir)
   try:
-    builder.download_and_prepare(
-        download_config=tfds.download.DownloadConfig(manual_dir=config.tfds_manual_dir))
+    with progress.phase(f'Preparing TFDS dataset {name} in {builder.data_dir} (download and '
+                        'convert; this happens once)'):
+      builder.download_and_prepare(
+          download_config=tfds.download.DownloadConfig(manual_dir=config.tfds_manual_dir))
   except Exception as e:  # Offline, missing manual files, ...: all end here.
     raise errors.DataUnavailableError(
         f'TFDS dataset {name!r} is not prepared in {where}, and preparing it failed '

@@ -24,7 +24,7 @@ import ml_collections
 from ml_collections import config_dict
 import numpy as np
 
-from vit_jax import errors, files
+from vit_jax import errors, files, progress
 from vit_jax.data import hosts, tokenizers
 from vit_jax.data.tokenizers import EOS_ID, PAD_ID  # Also text.EOS_ID, text.PAD_ID for callers.
 
@@ -171,7 +171,10 @@ def _build_tokenizer(config: ml_collections.ConfigDict, workdir: str | None,
   # Every host builds it from the same sample of the whole train split, so all get the same ids;
   # each writes the (identical) file, which also serves hosts without a shared workdir.
   texts = source.vocabulary_texts(config.vocabulary_sample)
-  tokenizer = tokenizers.train(config.tokenizer, texts, config.vocab_size)
+  with progress.phase(f'Building a {config.tokenizer} vocabulary (at most '
+                      f'{config.vocab_size:,} ids) from {len(texts):,} sentences') as phase:
+    tokenizer = tokenizers.train(config.tokenizer, texts, config.vocab_size)
+    phase.result = f'{tokenizer.vocab_size:,} ids'
   if path:
     files.write_bytes_atomically(path, tokenizer.to_bytes())
     logging.info('Built a %d-id %s vocabulary from %d sentences; saved it in %s',
@@ -357,8 +360,10 @@ class TextDataset:
     self._process_count = process_count
     self.max_length = config.max_length
     self.eval_max_length = config.eval_max_length or config.max_length
-    self._train = _Examples(source.train, tokenizer, self.max_length, config.long_examples)
-    self._test = _Examples(source.test, tokenizer, self.eval_max_length, config.long_examples)
+    with progress.phase(f'Tokenizing {len(source.train.sources):,} train and '
+                        f'{len(source.test.sources):,} test pairs'):
+      self._train = _Examples(source.train, tokenizer, self.max_length, config.long_examples)
+      self._test = _Examples(source.test, tokenizer, self.eval_max_length, config.long_examples)
     self._max_local_test_examples = source.test.max_local_examples
     self.num_train_examples = source.train.num_examples
     self.num_test_examples = source.test.num_examples

@@ -13,11 +13,10 @@ import gzip
 import zlib
 from typing import Callable
 
-from absl import logging
 import ml_collections
 import numpy as np
 
-from vit_jax import errors, files
+from vit_jax import errors, files, progress
 from vit_jax.data import dates
 from vit_jax.data import sources as image_sources
 
@@ -141,8 +140,11 @@ def read_lines(path: str, key: str) -> list[str]:
 
 def _read_parallel_files(value, key: str) -> tuple[str, list[tuple[str, str]]]:
   source_path, target_path = parse_file_pair(value, key)
-  source_lines = read_lines(source_path, key)
-  target_lines = read_lines(target_path, key)
+  with progress.phase(f'Reading {source_path} and {target_path}') as phase:
+    source_lines = read_lines(source_path, key)
+    target_lines = read_lines(target_path, key)
+    phase.result = f'{len(source_lines):,} and {len(target_lines):,} lines'
+
   if len(source_lines) != len(target_lines):
     raise errors.BadFileError(
         f'config.data.{key}: the parallel files have different line counts: {source_path!r} has '
@@ -182,13 +184,16 @@ def _translation_languages(builder, config: ml_collections.ConfigDict) -> tuple[
   return source, target
 
 
-def _read_pairs(dataset, source: str, target: str) -> tuple[list[str], list[str]]:
+def _read_pairs(dataset, source: str, target: str,
+                phase: progress.Phase | None = None) -> tuple[list[str], list[str]]:
   """A tf.data dataset of {source: string, target: string} -> two lists of str."""
   sources, targets = [], []
   for batch in dataset.map(lambda example: (example[source], example[target])).batch(
       4096).as_numpy_iterator():
     sources.extend(s.decode('utf-8') for s in batch[0])
     targets.extend(t.decode('utf-8') for t in batch[1])
+    if phase is not None:
+      phase.advance(len(batch[0]))
   return sources, targets
 
 
@@ -200,20 +205,19 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
   split_size = image_sources._tfds_split_size  # pylint: disable=protected-access
   image_sources._prepare_tfds(builder, name, config, tfds)  # pylint: disable=protected-access
   source, target = _translation_languages(builder, config)
-  logging.info('Reading TFDS dataset %s (%s -> %s) into memory', name, source, target)
 
   def host_split(split, index):
     return tfds.split_for_jax_process(split, process_index=index, process_count=process_count)
-
-  def read(split):
-    return _read_pairs(builder.as_dataset(split=split, shuffle_files=False), source, target)
 
   shares = {}
   for key in ('train', 'test'):
     split = config[key + '_split']
     sizes = [split_size(builder, host_split(split, i)) for i in range(process_count)]
     first = sum(sizes[:process_index])
-    sources, targets = read(host_split(split, process_index))
+    with progress.phase(f'Reading the {split} split of {name} ({source} -> {target})',
+                        total=sizes[process_index], unit='pairs') as phase:
+      sources, targets = _read_pairs(builder.as_dataset(
+          split=host_split(split, process_index), shuffle_files=False), source, target, phase)
     shares[key] = Split(
         name=f'{split} split of {name}',
         sources=sources,

@@ -155,11 +155,11 @@ def evaluate_params(task: Task, params: Any, mesh, eval_sums: Callable) -> dict:
   A pass that takes long prints how far it is (`progress.Phase`).
   """
   totals = None
-  phase = progress.Phase('Evaluating', total=task.num_eval_batches(), unit='batches')
-  for batch in task.eval_batches():
-    sums = eval_sums(params, mesh_lib.global_batch(batch, mesh))
-    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-    phase.advance()
+  with progress.phase('Evaluating', total=task.num_eval_batches(), unit='batches') as phase:
+    for batch in task.eval_batches():
+      sums = eval_sums(params, mesh_lib.global_batch(batch, mesh))
+      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+      phase.advance()
   if totals is None:
     raise errors.ConfigError('The test split is empty: there is nothing to evaluate.')
   return {**task.eval_summary(jax.device_get(totals)), **task.extra_eval(params)}

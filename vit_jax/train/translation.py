@@ -48,7 +48,8 @@ class Translator:
     self.max_length = config.data.eval_max_length or config.data.max_length
     self.max_decode_length = config.max_decode_length or self.max_length
     self.batch_size = config.decode_batch_size
-    beam_size, alpha = config.beam_size, config.length_penalty_alpha
+    self.beam_size = beam_size = config.beam_size
+    alpha = config.length_penalty_alpha
 
     def run(params, inputs):
       if beam_size == 1:
@@ -61,12 +62,16 @@ class Translator:
   def translate_ids(self, lines: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Source ids (len(lines), max_length) and output ids (len(lines), max_decode_length)."""
     sources, outputs = [], []
-    for start in range(0, len(lines), self.batch_size):
-      chunk = lines[start:start + self.batch_size]
-      inputs = encode_lines(self.tokenizer, chunk + [''] * (self.batch_size - len(chunk)),
-                            self.max_length)  # Fixed batch shape: one compilation.
-      sources.append(inputs[:len(chunk)])
-      outputs.append(np.asarray(self._decode(self.params, inputs))[:len(chunk)])
+    how = 'greedy' if self.beam_size == 1 else f'beam {self.beam_size}'
+    with progress.phase(f'Decoding {len(lines):,} sentences ({how})', total=len(lines),
+                        unit='sentences') as phase:
+      for start in range(0, len(lines), self.batch_size):
+        chunk = lines[start:start + self.batch_size]
+        inputs = encode_lines(self.tokenizer, chunk + [''] * (self.batch_size - len(chunk)),
+                              self.max_length)  # Fixed batch shape: one compilation.
+        sources.append(inputs[:len(chunk)])
+        outputs.append(np.asarray(self._decode(self.params, inputs))[:len(chunk)])
+        phase.advance(len(chunk))
     return np.concatenate(sources), np.concatenate(outputs)
 
   def translate(self, lines: list[str]) -> list[str]:

@@ -1,0 +1,101 @@
+"""Remote paths: a workdir, pretrained weights and predict's inputs on a filesystem that is not
+local. TensorFlow's in-memory `ram://` filesystem stands in for gs:// and s3:// (it needs no
+network, and lives as long as the process, so the runs share this test's process)."""
+
+import io
+import json
+import uuid
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+from helpers import override
+
+from vit_jax import checkpoint as weights
+from vit_jax import files, main, models
+from vit_jax.data import sources
+from vit_jax.train import config as config_lib
+
+tf = pytest.importorskip('tensorflow')
+
+
+def tiny_config(**overrides):
+  config = config_lib.classification_config('ViT-testing')
+  override(config, {'model.patch_size': (4, 4), 'data.image_size': 8, 'batch_size': 32,
+                    'eval_batch_size': 120, 'total_steps': 10, 'log_every': 5,
+                    'eval_every': 10, 'checkpoint_every': 5})
+  return override(config, overrides)
+
+
+@pytest.fixture
+def ram():
+  root = f'ram://vit_jax_test_{uuid.uuid4().hex}'
+  yield root
+  if tf.io.gfile.exists(root):
+    tf.io.gfile.rmtree(root)
+
+
+def test_train_resume_evaluate_and_predict_with_a_remote_workdir(ram, capsys):
+  workdir = f'{ram}/runs/digits'
+  first = main.run(tiny_config(), workdir)
+  assert first['num_examples'] == 360
+  listed = set(tf.io.gfile.listdir(workdir))
+  assert {'config.json', 'metrics.jsonl', 'class_names.json', 'checkpoints'} <= listed
+  assert sorted(files.listdir(f'{workdir}/checkpoints')) == [
+      '.uploaded-10', '.uploaded-5', '10', '5']
+  assert tf.io.gfile.listdir(f'{workdir}/tensorboard')
+
+  resumed = main.run(tiny_config(total_steps=15), workdir)
+  assert 'Resumed from the checkpoint at step 10 in ' + workdir in capsys.readouterr().out
+  rows = [json.loads(line) for line in files.read_text(f'{workdir}/metrics.jsonl').splitlines()]
+  assert [row['step'] for row in rows if row['split'] == 'train'] == [5, 10, 15]
+  # keep_checkpoints=2: the older remote step went with the local one.
+  assert sorted(files.listdir(f'{workdir}/checkpoints')) == [
+      '.uploaded-10', '.uploaded-15', '10', '15']
+
+  evaluated = main.run(tiny_config(trainer='evaluate', total_steps=15), workdir)
+  assert evaluated['accuracy'] == pytest.approx(resumed['accuracy'])
+
+  digits, _ = sources.digits_splits()['test']
+  for i in range(3):
+    buffer = io.BytesIO()
+    Image.fromarray(digits[i, :, :, 0]).save(buffer, format='PNG')
+    with tf.io.gfile.GFile(f'{ram}/inputs/{i}.png', 'wb') as f:
+      f.write(buffer.getvalue())
+  config = tiny_config(trainer='predict', total_steps=15, **{
+      'predict.inputs': f'{ram}/inputs/*.png', 'predict.output_file': f'{ram}/top.jsonl'})
+  results = main.run(config, workdir)
+  assert [r['file'] for r in results] == [f'{ram}/inputs/{i}.png' for i in range(3)]
+  written = [json.loads(line) for line in files.read_text(f'{ram}/top.jsonl').splitlines()]
+  assert written == results
+  assert all(len(r['predictions']) == 5 for r in results)
+
+
+def test_fine_tune_from_a_remote_npz(ram):
+  model = models.get_model('ViT-testing', num_classes=5, patch_size=(4, 4))
+  params = model.init(jax.random.key(1), np.zeros((1, 16, 16, 3)))['params']
+  weights.save_npz(f'{ram}/ViT-testing.npz', params)
+  assert files.exists(f'{ram}/ViT-testing.npz')
+  results = main.run(tiny_config(pretrained=f'{ram}/ViT-testing.npz', total_steps=5,
+                                 checkpoint_every=0, eval_every=0), f'{ram}/finetune')
+  assert results['num_examples'] == 360
+  with pytest.raises(FileNotFoundError, match='does not exist'):
+    main.run(tiny_config(pretrained=f'{ram}/missing.npz'), f'{ram}/other')
+
+
+def test_files_round_trip_on_both_kinds_of_path(ram, tmp_path):
+  for root in (ram, str(tmp_path)):
+    path = files.join(root, 'a', 'b.txt')
+    files.write_text_atomically(path, 'hello\n')
+    assert files.read_text(path) == 'hello\n' and files.exists(path)
+    assert files.listdir(files.join(root, 'a')) == ['b.txt']
+    with files.open_file(path, 'a') as f:
+      f.write('again\n')
+    assert files.read_bytes(path) == b'hello\nagain\n'
+    files.copy_tree(files.join(root, 'a'), files.join(root, 'copy'))
+    assert list(files.walk_files(files.join(root, 'copy'))) == ['b.txt']
+    files.remove_tree(files.join(root, 'copy'))
+    assert not files.exists(files.join(root, 'copy'))
+    with pytest.raises(FileNotFoundError, match='missing.txt does not exist'):
+      files.read_bytes(files.join(root, 'missing.txt'))

@@ -1,0 +1,140 @@
+"""trainer=predict: what is in these pictures, from a workdir or a published .npz, with no
+dataset built."""
+
+import json
+import pathlib
+import re
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from PIL import Image
+from helpers import override
+
+from vit_jax import checkpoint as weights
+from vit_jax import main, models
+from vit_jax.data import class_names, images, sources
+from vit_jax.train import checkpointing, config as config_lib, prediction
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# ViT-B_16 narrowed on the command line, as a user would for a quick try.
+NARROW = ['--config.model.hidden_size=32', '--config.model.mlp_dim=64',
+          '--config.model.num_heads=2', '--config.model.num_layers=1',
+          '--config.data.image_size=32']
+
+
+def run_main(*args, env=None):
+  return subprocess.run([sys.executable, '-m', 'vit_jax.main', *args], capture_output=True,
+                        text=True, cwd=REPO, timeout=300, env=env)
+
+
+def _photos(folder: pathlib.Path, sizes=((40, 30), (24, 24), (64, 48))) -> list[str]:
+  folder.mkdir(parents=True, exist_ok=True)
+  rng = np.random.default_rng(0)
+  paths = []
+  for i, (width, height) in enumerate(sizes):
+    path = folder / f'photo_{i}.png'
+    Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8)).save(path)
+    paths.append(str(path))
+  return paths
+
+
+def test_predict_from_a_published_npz_names_imagenet_classes(tmp_path):
+  model = models.get_model('ViT-B_16', num_classes=1000, hidden_size=32, mlp_dim=64,
+                           num_heads=2, num_layers=1)
+  params = model.init(jax.random.key(0), np.zeros((1, 32, 32, 3)))['params']
+  params = jax.tree.map(lambda x: np.asarray(x) + np.random.default_rng(1).normal(
+      0, 0.02, x.shape).astype(np.float32), params)  # A head that prefers some classes.
+  npz = tmp_path / 'ViT-B_16.npz'
+  weights.save_npz(npz, weights.canonicalize(params))
+  _photos(tmp_path / 'photos')
+  tfds_dir = tmp_path / 'tfds'
+  tfds_dir.mkdir()
+  out = run_main('--config=configs/vit.py:ViT-B_16,imagenet2012', '--config.trainer=predict',
+                 f'--config.pretrained={npz}', f'--config.predict.inputs={tmp_path}/photos',
+                 f'--config.predict.output_file={tmp_path}/top5.jsonl',
+                 f'--config.data.tfds_data_dir={tfds_dir}', *NARROW)
+  assert out.returncode == 0, out.stderr
+  names = class_names.imagenet2012()
+  assert len(names) == 1000 and names[0] == 'tench, Tinca tinca'
+  rows = [json.loads(line) for line in (tmp_path / 'top5.jsonl').read_text().splitlines()]
+  assert [pathlib.Path(r['file']).name for r in rows] == [f'photo_{i}.png' for i in range(3)]
+  for row in rows:
+    predictions = row['predictions']
+    assert len(predictions) == 5
+    assert [p['name'] for p in predictions] == [names[p['class']] for p in predictions]
+    probabilities = [p['probability'] for p in predictions]
+    assert probabilities == sorted(probabilities, reverse=True) and 0 < sum(probabilities) <= 1
+    # Printed: the file, then its five classes by name with their probabilities.
+    block = out.stdout.split(row['file'] + '\n', 1)[1].splitlines()[:5]
+    for line, p in zip(block, predictions):
+      assert re.fullmatch(rf'\s+{100 * p["probability"]:.2f}%  '
+                          rf'{re.escape(p["name"])} \({p["class"]}\)', line), line
+  assert list(tfds_dir.iterdir()) == []  # No dataset was built (imagenet2012 is not here).
+
+
+@pytest.fixture(scope='module')
+def digits_run(tmp_path_factory):
+  root = tmp_path_factory.mktemp('predict')
+  config = config_lib.classification_config('ViT-testing')
+  override(config, {'model.patch_size': (4, 4), 'data.image_size': 8, 'batch_size': 32,
+                    'eval_batch_size': 60, 'total_steps': 30, 'log_every': 10,
+                    'eval_every': 0, 'checkpoint_every': 0})
+  main.run(config, str(root / 'run'))
+  return root, config
+
+
+def test_predict_on_a_digits_workdir_agrees_with_evaluation(digits_run):
+  root, config = digits_run
+  workdir = root / 'run'
+  # Evaluation's per-example argmax: the test split through the eval pipeline and the model.
+  data = images.build(config.data)
+  params, _ = checkpointing.restore_params(str(workdir))
+  model = config_lib.build_model(config.model, num_classes=10)
+  batch = next(data.eval_batches(60))
+  evaluated = np.argmax(model.apply({'params': params}, batch['image']), -1)
+  # The same digits as PNG files, predicted from the command line.
+  digits, _ = sources.digits_splits()['test']
+  folder = root / 'digits'
+  folder.mkdir()
+  for i in range(60):
+    Image.fromarray(digits[i, :, :, 0]).save(folder / f'{i:02d}.png')
+  out = run_main(f'--workdir={workdir}', '--config.trainer=predict',
+                 f'--config.predict.inputs={folder}/*.png', '--config.predict.top_k=1',
+                 f'--config.predict.output_file={root}/digits.jsonl',
+                 '--config.predict.batch_size=16')
+  assert out.returncode == 0, out.stderr
+  rows = [json.loads(line) for line in (root / 'digits.jsonl').read_text().splitlines()]
+  predicted = [row['predictions'][0]['class'] for row in rows]
+  assert predicted == evaluated.tolist()
+  assert len(set(predicted)) > 1  # A trained model, not a constant.
+  assert [row['predictions'][0]['name'] for row in rows] == [str(c) for c in predicted]
+  assert json.loads((workdir / 'class_names.json').read_text()) == [str(d) for d in range(10)]
+
+
+def test_inputs_expand_files_folders_and_globs(tmp_path):
+  paths = _photos(tmp_path / 'a')
+  _photos(tmp_path / 'b' / 'nested')
+  (tmp_path / 'b' / 'readme.txt').write_text('not an image')
+  expanded = prediction.expand_inputs(f'{paths[0]}, {tmp_path}/b,{tmp_path}/a/photo_[12].png')
+  assert expanded == [paths[0], *[f'{tmp_path}/b/nested/photo_{i}.png' for i in range(3)],
+                      paths[1], paths[2]]
+  with pytest.raises(FileNotFoundError, match=r"No file matches '.*/a/\*\.jpg'"):
+    prediction.expand_inputs(f'{tmp_path}/a/*.jpg')
+  with pytest.raises(ValueError, match='config.predict.inputs is empty'):
+    prediction.expand_inputs(' , ')
+
+
+def test_class_names_without_a_dataset(tmp_path):
+  config = images.default_config()
+  assert class_names.for_dataset(config) == tuple('0123456789')
+  config.dataset = 'imagenet_v2'
+  assert class_names.for_dataset(config)[281] == 'tabby, tabby cat'
+  for label in ('dog', 'cat'):
+    (tmp_path / 'pets' / 'train' / label).mkdir(parents=True)
+  config.dataset = str(tmp_path / 'pets')
+  assert class_names.for_dataset(config) == ('cat', 'dog')
+  config.dataset = 'no_such_dataset_anywhere'
+  assert class_names.for_dataset(config) is None
