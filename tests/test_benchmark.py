@@ -2,6 +2,7 @@
 
 import json
 import os
+import resource
 import sys
 
 import jax
@@ -34,16 +35,34 @@ def _forward_macs(batch=2, dtype=jnp.float32):
   return count_flops(lambda p, x: model.apply({'params': p}, x), params, images)
 
 
+def peak_rss_bytes():
+  """This process's peak resident memory, as the OS counts it (Linux: in KiB)."""
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (
+      1 if sys.platform == 'darwin' else 1024)
+
+
 def test_infer(tmp_path, capsys):
+  rss_before = peak_rss_bytes()
   report, printed = _run(tmp_path, capsys, *TINY_VIT, '--mode', 'infer',
-                         '--dtype', 'bfloat16', '--peak-tflops', '1.0')
+                         '--dtype', 'bfloat16', '--peak-tflops', '0.25')
+  rss_after = peak_rss_bytes()
   ours = report['ours']
   assert ours['steps_timed'] == 2 and ours['images_per_s'] > 0
   assert ours['step_s_p10'] <= ours['step_s_median'] <= ours['step_s_p90']
+  assert ours['images_per_s'] == pytest.approx(2 / ours['step_s_median'])  # --batch 2.
   assert ours['compile_s'] > 0 and ours['macs_per_step'] == _forward_macs(dtype=jnp.bfloat16)
-  assert ours['achieved_tflops'] > 0 and ours['mfu'] == pytest.approx(ours['achieved_tflops'])
-  assert ours['memory']['process_peak_rss_bytes'] > 0 or ours['memory']['device_peak_bytes']
+  # Achieved FLOP/s: 2 FLOPs per multiply-add of the step over the median step time; MFU:
+  # that over the --peak-tflops given.
+  achieved = 2 * ours['macs_per_step'] / ours['step_s_median'] / 1e12
+  assert report['peak_tflops'] == 0.25
+  assert ours['achieved_tflops'] == pytest.approx(achieved, rel=1e-9)
+  assert ours['mfu'] == pytest.approx(achieved / 0.25, rel=1e-9)
+  # This process's peak RSS in bytes, read during the run: between the peaks before and after.
+  assert rss_before <= ours['memory']['process_peak_rss_bytes'] <= rss_after
   assert ours['memory']['xla_memory_analysis']['argument_size_in_bytes'] > 0
+  if ours['memory']['device_peak_bytes'] is not None:  # The step's arguments were on it.
+    assert (ours['memory']['device_peak_bytes']
+            >= ours['memory']['xla_memory_analysis']['argument_size_in_bytes'])
   assert report['device']['platform'] == jax.devices()[0].platform
   assert 'images/s' in printed and 'ours (jax)' in printed and 'bfloat16' in printed
   kernel = attention.resolve_attention_impl('auto', dtype=jnp.bfloat16)
@@ -63,23 +82,37 @@ def test_malloc_is_tuned_before_threads_start(flags, tuned):
 
 
 def test_train_counts_the_whole_step(tmp_path, capsys):
+  rss_before = peak_rss_bytes()
   report, printed = _run(tmp_path, capsys, *TINY_VIT, '--mode', 'train',
-                         '--attention', 'chunked', '--no-tune-malloc')
+                         '--attention', 'chunked', '--no-tune-malloc', '--peak-tflops', '0.5')
+  rss_after = peak_rss_bytes()
   ours = report['ours']
   assert ours['images_per_s'] > 0 and ours['compile_s'] > 0
   # Forward + backward (about 3x the forward's multiply-adds).
   assert 2.5 * _forward_macs() < ours['macs_per_step'] < 3.5 * _forward_macs()
+  # Achieved FLOP/s and MFU of the whole train step, from its median step time.
+  achieved = 2 * ours['macs_per_step'] / ours['step_s_median'] / 1e12
+  assert ours['achieved_tflops'] == pytest.approx(achieved, rel=1e-9)
+  assert ours['mfu'] == pytest.approx(achieved / 0.5, rel=1e-9)
+  assert rss_before <= ours['memory']['process_peak_rss_bytes'] <= rss_after
   assert 'tuned malloc' not in printed
   assert 'train' in printed and 'chunked' in printed
 
 
 def test_seq2seq(tmp_path, capsys):
+  rss_before = peak_rss_bytes()
   report, printed = _run(tmp_path, capsys, '--model', 'Transformer-testing', '--mode',
                          'seq2seq', '--num-layers', '1', '--batch', '2', '--seq-len', '6',
                          '--decode-length', '5', '--vocab-size', '17', '--steps', '2',
-                         '--warmup', '1')
+                         '--warmup', '1', '--peak-tflops', '0.5')
+  rss_after = peak_rss_bytes()
   for name in ('train', 'decode_cached', 'decode_uncached'):
     assert report[name]['tokens_per_s'] > 0 and report[name]['macs_per_step'] > 0
+    achieved = 2 * report[name]['macs_per_step'] / report[name]['step_s_median'] / 1e12
+    assert report[name]['achieved_tflops'] == pytest.approx(achieved, rel=1e-9)
+  # MFU of the train step only, over the --peak-tflops given.
+  assert report['train']['mfu'] == pytest.approx(report['train']['achieved_tflops'] / 0.5)
+  assert rss_before <= report['memory']['process_peak_rss_bytes'] <= rss_after
   # Re-running the decoder on the whole prefix costs more than the cached step.
   assert report['decode_uncached']['macs_per_step'] > report['decode_cached']['macs_per_step']
   assert report['cached_over_uncached_decode_speed'] > 0

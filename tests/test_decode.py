@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from vit_jax import decode, models
@@ -82,10 +83,64 @@ def test_length_penalty_prefers_longer_outputs(setup):
   assert lengths[1] >= lengths[0]
 
 
-def test_tokens_after_eos_are_padding(setup):
-  model, params, inputs = setup
-  for tokens in (decode.greedy_decode(model, params, inputs, max_length=10),
-                 decode.beam_search(model, params, inputs, max_length=10)[0][:, 0]):
-    for row in np.asarray(tokens):
-      if 1 in row:
-        assert np.all(row[list(row).index(1) + 1:] == 0)
+def test_tokens_after_eos_are_padding():
+  # A tiny model trained to copy its input (1 to 5 tokens) and then emit EOS: with
+  # max_length 4, the short copies of a batch end at different positions while the long
+  # ones run out of room. Its logits come from a Dense layer, so lowering the EOS bias
+  # makes a model that never ends.
+  model = models.get_model('Transformer-testing', vocab_size=VOCAB, dropout_rate=0.0,
+                           logits_via_embedding=False)
+  rng = np.random.default_rng(0)
+
+  def copy_batch(size=64, length=6):
+    lengths = rng.integers(1, length, size)
+    sources = rng.integers(2, VOCAB, (size, length)) * (np.arange(length) < lengths[:, None])
+    targets = np.pad(sources, ((0, 0), (0, 1)))
+    targets[np.arange(size), lengths] = 1
+    return jnp.asarray(sources, jnp.int32), jnp.asarray(targets, jnp.int32)
+
+  tx = optax.adam(3e-3)
+
+  @jax.jit
+  def train_step(params, opt_state, sources, targets):
+    def loss(params):
+      logits = model.apply({'params': params}, sources, targets)
+      losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+      return jnp.sum(losses * (targets > 0)) / jnp.sum(targets > 0)
+    grads = jax.grad(loss)(params)
+    updates, opt_state = tx.update(grads, opt_state)
+    return optax.apply_updates(params, updates), opt_state
+
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), *copy_batch(2))['params']
+  opt_state = tx.init(params)
+  for _ in range(150):
+    params, opt_state = train_step(params, opt_state, *copy_batch())
+  no_eos = jax.tree.map(lambda x: x, params)
+  no_eos['decoder']['logits']['bias'] = params['decoder']['logits']['bias'].at[1].add(-1e4)
+  # Copies of 5, 3, 2, 1, 5 and 4 tokens: only those of 1 to 3 tokens fit with their EOS.
+  inputs = jnp.array([[5, 6, 7, 8, 9, 0], [3, 4, 9, 0, 0, 0], [7, 3, 0, 0, 0, 0],
+                      [4, 0, 0, 0, 0, 0], [12, 11, 10, 9, 8, 0], [2, 2, 2, 2, 0, 0]])
+  max_length = 4
+
+  def first_eos(tokens):
+    """Each row's first EOS position (None: no EOS), checking the row around it."""
+    tokens = np.asarray(tokens)
+    assert tokens.shape == (inputs.shape[0], max_length)
+    positions = []
+    for row in tokens:
+      eos = np.flatnonzero(row == 1)
+      end = int(eos[0]) if eos.size else max_length
+      assert np.all(row[:end] > 1), row  # Real tokens up to the EOS (all of max_length
+      assert np.all(row[end + 1:] == 0), row  # without one), only padding after it.
+      positions.append(end if eos.size else None)
+    return positions
+
+  for name, decoder in (
+      ('greedy', lambda p: decode.greedy_decode(model, p, inputs, max_length=max_length)),
+      ('beam', lambda p: decode.beam_search(model, p, inputs, max_length=max_length)[0][:, 0])):
+    run = jax.jit(decoder)
+    ends = first_eos(run(params))
+    assert len({ends[1], ends[2], ends[3]} - {None}) == 3, (name, ends)  # Three lengths.
+    if name == 'greedy':  # Rows that end and rows that run out of room, in one batch.
+      assert ends[0] is None and ends[4] is None and ends[5] is None, ends
+    assert first_eos(run(no_eos)) == [None] * inputs.shape[0], name

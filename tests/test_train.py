@@ -9,12 +9,15 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import malloc_arenas_after, override, read_metrics
 
 from vit_jax import checkpoint as weights
 from vit_jax import main, models, utils
+from vit_jax.data import images
+from vit_jax.train import checkpointing
 from vit_jax.train import config as config_lib
 from vit_jax.train import loop
 
@@ -110,15 +113,42 @@ def test_fine_tuning_from_a_published_npz(tmp_path):
 
 
 def test_deit_distils_from_a_teacher_workdir(tmp_path):
+  # A teacher whose top class is 3 for every image (all its weights are 0 but the head's
+  # bias), unlike the labels (a tenth are 3): hard distillation teaches the student's
+  # distillation head that 3, and only the teacher can have taught it.
+  teacher_model = models.get_model('ViT-testing', num_classes=10, patch_size=(4, 4))
+  shapes = jax.eval_shape(teacher_model.init, jax.random.PRNGKey(1), np.zeros((1, 8, 8, 3)))
+  params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes['params'])
+  params['head']['bias'][3] = 10.0
+  npz = str(tmp_path / 'always_3.npz')
+  weights.save_npz(npz, params)
   teacher = str(tmp_path / 'teacher')
-  main.run(tiny_config(total_steps=10), teacher)
-  config = tiny_config(teacher=teacher, total_steps=10, log_every=5)
+  main.run(tiny_config(pretrained=npz, total_steps=1, eval_every=0, checkpoint_every=0),
+           teacher)  # One step of lr 1e-3 leaves its answer as it is.
+  config = tiny_config(teacher=teacher, total_steps=20, log_every=5, eval_every=0,
+                       checkpoint_every=0)
   config.model = config_lib.model_config('DeiT-testing')
   config.model.patch_size = (4, 4)
-  results = main.run(config, str(tmp_path / 'student'))
-  rows = read_metrics(str(tmp_path / 'student'), 'train')
+  student = str(tmp_path / 'student')
+  results = main.run(config, student)
+  rows = read_metrics(student, 'train')
   assert {'class_loss', 'dist_loss'} <= set(rows[-1])
   assert results['num_examples'] == 360
+  # The teacher's one class is learnt far faster than the digits (dist_loss ~1.8 vs
+  # class_loss ~2.3 at step 20); with the labels as distillation targets they would match.
+  assert rows[-1]['dist_loss'] < rows[-1]['class_loss'] - 0.3, rows[-1]
+  # At inference the distillation head answers the teacher's 3; the class head does not.
+  student_params, _ = checkpointing.restore_params(student)
+  model = config_lib.build_model(config.model, num_classes=10)
+  test = next(iter(images.build(config.data).eval_batches(360)))
+  _, state = jax.jit(lambda p, x: model.apply(
+      {'params': p}, x, capture_intermediates=lambda m, _: m.name in ('head', 'head_dist')))(
+          student_params, test['image'])
+  heads = {name: np.argmax(state['intermediates'][name]['__call__'][0], -1)
+           for name in ('head', 'head_dist')}
+  assert np.mean(heads['head_dist'] == 3) > 0.95
+  assert np.mean(heads['head_dist'] == 3) > np.mean(heads['head'] == 3) + 0.3
+  assert np.mean(test['label'] == 3) < 0.2
 
 
 def test_teacher_needs_a_distillation_head(tmp_path):
@@ -160,10 +190,54 @@ def test_jax_runs_on_cpu_without_jax_platforms_matches_the_backend():
   assert predicted == actual
 
 
-def test_bfloat16_compute_trains(tmp_path):
-  results = main.run(tiny_config(total_steps=10, **{'model.dtype': 'bfloat16'}),
-                     str(tmp_path / 'run'))
+def test_bfloat16_compute_trains(tmp_path, monkeypatch):
+  # model.dtype='bfloat16': the trainer's model multiplies in bfloat16, its parameters
+  # (and so the checkpoint) stay float32, and the loss stays finite.
+  tasks = []  # The task whose loss the trainer's train step runs.
+  make_train_step = loop.make_train_step
+  monkeypatch.setattr(loop, 'make_train_step',
+                      lambda task, *args, **kwargs: tasks.append(task) or
+                      make_train_step(task, *args, **kwargs))
+  config = tiny_config(total_steps=10, log_every=5, **{'model.dtype': 'bfloat16'})
+  workdir = str(tmp_path / 'run')
+  results = main.run(config, workdir)
   assert np.isfinite(results['loss'])
+  assert [row['step'] for row in read_metrics(workdir, 'train')] == [5, 10]
+  assert all(np.isfinite(row['loss']) for row in read_metrics(workdir, 'train'))
+  # The model built from this config, as the trainer builds it: bf16 compute, f32 params.
+  model = config_lib.build_model(config.model, num_classes=10)
+  assert (model.dtype, model.param_dtype) == (jnp.bfloat16, jnp.float32)
+  params, step = checkpointing.restore_params(workdir)
+  assert step == 10
+  assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {np.dtype(np.float32)}
+  pixels = np.zeros((2, 8, 8, 3), np.float32)
+  _, state = jax.jit(lambda p, x: model.apply({'params': p}, x, capture_intermediates=True))(
+      params, pixels)
+  computed = {jax.tree_util.keystr(path): leaf.dtype for path, leaf in
+              jax.tree_util.tree_flatten_with_path(state['intermediates'])[0]}
+  blocks = {path: dtype for path, dtype in computed.items()
+            if "['encoderblock_" in path or "['Dense_" in path or "['head']" in path}
+  assert len(blocks) >= 20 and set(blocks.values()) == {jnp.dtype(jnp.bfloat16)}, computed
+  # The train step's loss (the trainer's own task) multiplies bfloat16 operands (attention
+  # may accumulate its scores in float32).
+  [task] = tasks
+  batch = {'image': pixels, 'label': np.zeros(2, np.int32)}
+  jaxpr = jax.make_jaxpr(task.loss)(params, batch, jax.random.PRNGKey(0), task.frozen_params())
+
+  def dot_operand_dtypes(jaxpr):
+    found = []
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == 'dot_general':
+        found.append(tuple(str(v.aval.dtype) for v in eqn.invars))
+      for param in eqn.params.values():
+        for sub in param if isinstance(param, (list, tuple)) else [param]:
+          sub = getattr(sub, 'jaxpr', sub)  # ClosedJaxpr -> Jaxpr.
+          if hasattr(sub, 'eqns'):
+            found += dot_operand_dtypes(sub)
+    return found
+
+  dots = dot_operand_dtypes(jaxpr.jaxpr)
+  assert len(dots) >= 10 and set(dots) == {('bfloat16', 'bfloat16')}, dots
 
 
 def test_locked_config_rejects_a_typo(tmp_path):

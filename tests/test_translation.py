@@ -2,10 +2,14 @@
 
 import os
 
+import jax
+import numpy as np
 import pytest
 from helpers import override, read_metrics
 
-from vit_jax import main
+from vit_jax import decode, main
+from vit_jax.data import text
+from vit_jax.train import checkpointing, translation
 from vit_jax.train import config as config_lib
 
 
@@ -57,9 +61,48 @@ def test_dates_train_evaluate_and_translate(tmp_path, capsys):
       'visualize/training_curves.png']
 
 
-def test_beam_search_evaluation(tmp_path):
-  results = main.run(tiny_config(beam_size=3, total_steps=10), str(tmp_path / 'beam'))
-  assert 0 <= results['exact_match'] <= 1
+def test_beam_search_evaluation(tmp_path, monkeypatch):
+  # With beam_size=3, evaluation decodes by beam search: the outputs it scores, and so its
+  # BLEU and exact match, are the best beams of the trained model (its checkpoint, decoded
+  # independently here), and greedy decoding of the same model gives other outputs and
+  # another BLEU, so a Translator that fell back to greedy (or used another width) fails.
+  scored = []  # The (hypotheses, references) evaluation scores; the real metrics still run.
+  text_metrics = translation.text_metrics
+  monkeypatch.setattr(translation, 'text_metrics',
+                      lambda h, r: scored.append((list(h), list(r))) or text_metrics(h, r))
+  config = tiny_config(beam_size=3, total_steps=10)
+  workdir = str(tmp_path / 'beam')
+  results = main.run(config, workdir)
+  data = text.build(config.data, workdir=workdir)
+  sources, references = zip(*data.eval_texts())
+  params, step = checkpointing.restore_params(workdir)
+  assert step == 10 and results['num_decoded'] == len(sources) == 50
+  model = config_lib.build_model(config.model, vocab_size=data.tokenizer.vocab_size)
+  # One batch of decode_batch_size rows, padded as the Translator pads them.
+  padding = [''] * (config.decode_batch_size - len(sources))
+  inputs = translation.encode_lines(data.tokenizer, list(sources) + padding,
+                                    config.data.max_length)
+  length = config.data.max_length
+  beams, scores = jax.jit(lambda p, x: decode.beam_search(
+      model, p, x, max_length=length, beam_size=3,
+      alpha=config.length_penalty_alpha))(params, inputs)
+  greedy = jax.jit(lambda p, x: decode.greedy_decode(model, p, x, max_length=length))(
+      params, inputs)
+  assert beams.shape == (config.decode_batch_size, 3, length)
+  assert np.all(np.diff(np.asarray(scores), axis=1) <= 1e-6)  # Best beam first.
+
+  def texts(rows):
+    rows = np.asarray(rows)[:len(sources)]
+    return [data.tokenizer.decode([int(t) for t in row]) for row in rows]
+
+  beam_texts, greedy_texts = texts(beams[:, 0]), texts(greedy)
+  assert scored == [(beam_texts, list(references))]
+  assert sum(b != g for b, g in zip(beam_texts, greedy_texts)) >= 10
+  beam_metrics = text_metrics(beam_texts, list(references))
+  greedy_metrics = text_metrics(greedy_texts, list(references))
+  assert results['bleu'] == pytest.approx(beam_metrics['bleu'], rel=1e-6)
+  assert results['exact_match'] == beam_metrics['exact_match']
+  assert results['bleu'] != pytest.approx(greedy_metrics['bleu'], rel=1e-3)
 
 
 def test_translate_without_a_trained_tokenizer_is_a_clear_error(tmp_path):
@@ -83,9 +126,17 @@ def test_own_parallel_text_bleu_rises(tmp_path):
   workdir = str(tmp_path / 'mt')
   results = main.run(tiny_config(**{
       'data.dataset': 'files', 'data.train_files': files, 'data.eval_files': files,
-      'data.tokenizer': 'bytes', 'total_steps': 150, 'log_every': 50, 'eval_every': 150,
+      'data.tokenizer': 'bytes', 'total_steps': 100, 'log_every': 50, 'eval_every': 20,
       'optimizer.learning_rate': 5e-3}), workdir)
-  assert results['bleu'] > 30, results
+  evals = read_metrics(workdir, 'test')
+  assert [row['step'] for row in evals] == [20, 40, 60, 80, 100]
+  first, last = evals[0], evals[-1]
+  assert results['bleu'] == pytest.approx(last['bleu'])
+  # 20 steps in, the model has learnt little (BLEU ~4, no exact translation); 100 steps
+  # of the 36 pairs translate (nearly) all of them exactly, which no untrained model does.
+  assert last['bleu'] > 90 and last['bleu'] > first['bleu'] + 50, evals
+  assert last['exact_match'] >= 0.9 and last['exact_match'] > first['exact_match'] + 0.5, evals
+  assert last['token_accuracy'] > 0.98 and last['loss'] < first['loss'] / 2, evals
 
 
 def test_mismatched_line_counts_name_both_counts(tmp_path):
