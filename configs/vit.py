@@ -2,9 +2,13 @@
 
 python -m vit_jax.main --config=configs/vit.py:ViT-B_16,cifar10 --workdir=runs/b16 \
     --config.pretrained=path/to/ViT-B_16.npz
-The argument is MODEL,DATASET: a registry name and a TFDS name or image-folder path.
+python -m vit_jax.main --config=configs/vit.py:ViT-S_16,data/my_images --workdir=runs/mine
+The argument is MODEL,DATASET: a registry name and a TFDS name or an image folder
+DIR/{train,test}/<class>/*.{jpg,png}.
 Defaults follow the ViT paper's fine-tuning recipe (SGD with momentum, cosine decay).
 """
+
+import os
 
 from vit_jax.train.config import classification_config, model_and_dataset
 
@@ -13,7 +17,8 @@ def get_config(arg: str = 'ViT-B_16,cifar10'):
   model, dataset = model_and_dataset(arg, 'configs/vit.py')
   config = classification_config(model)
   config.data.dataset = dataset
-  config.data.train_split = 'train[:98%]'  # Hold out 2% of train for model selection.
+  if not os.path.isdir(os.path.expanduser(dataset)):  # TFDS: hold out 2% for model selection.
+    config.data.train_split = 'train[:98%]'
   config.data.image_size = 224  # 384 matches the paper's fine-tuning resolution.
   config.data.train_crop = 'inception_crop'
   config.data.flip = True

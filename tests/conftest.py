@@ -38,6 +38,20 @@ def _float32_products_in_float32():
   yield
 
 
+def pytest_terminal_summary(terminalreporter):
+  """How many documented commands test_docs ran from each source (README section, config...)."""
+  counts = []
+  for report in terminalreporter.stats.get('passed', []):
+    for name, value in getattr(report, 'user_properties', []):
+      if name == 'commands':
+        counts.append((report.nodeid.split('[', 1)[-1].rstrip(']'), value))
+  if counts:
+    terminalreporter.write_sep('-', 'documented commands run, by source')
+    for source, count in sorted(counts):
+      terminalreporter.write_line(f'{count:3d}  {source}')
+    terminalreporter.write_line(f'{sum(c for _, c in counts):3d}  in all')
+
+
 def pytest_sessionfinish(session, exitstatus):
   del session, exitstatus
   if _OWN_CACHE:

@@ -33,6 +33,23 @@ def _gfile():
   return tf.io.gfile
 
 
+@contextlib.contextmanager
+def _reaching(path: str):
+  """Turns a remote filesystem's failure (no network, no access) into a one-line error."""
+  try:
+    yield
+  except Exception as e:  # pylint: disable=broad-except  # tf.errors.OpError and kin.
+    if not is_remote(path) or type(e).__module__.split('.')[0] != 'tensorflow':
+      raise
+    if type(e).__name__ == 'NotFoundError':
+      raise errors.MissingFileError(f'{path} does not exist.') from None
+    message = ' '.join(getattr(e, 'message', str(e)).split())
+    raise errors.DataUnavailableError(
+        f'Cannot reach {path}: {message}. Check the network connection and the credentials '
+        '(for gs://: gcloud auth application-default login), or copy the file to a local '
+        'path.') from None
+
+
 def _check_writable(path: str):
   if os.fspath(path).startswith(_WEB):
     raise errors.ConfigError(f'Cannot write to {path}: http(s) URLs are read-only.')
@@ -52,39 +69,48 @@ def exists(path: str) -> bool:
   path = os.fspath(path)
   if path.startswith(_WEB):
     return False  # Unknown until read; read_bytes says if it is missing.
-  return _gfile().exists(path) if is_remote(path) else os.path.exists(path)
+  if not is_remote(path):
+    return os.path.exists(path)
+  with _reaching(path):
+    return _gfile().exists(path)
 
 
 def isdir(path: str) -> bool:
   path = os.fspath(path)
   if path.startswith(_WEB):
     return False
-  return _gfile().isdir(path) if is_remote(path) else os.path.isdir(path)
+  if not is_remote(path):
+    return os.path.isdir(path)
+  with _reaching(path):
+    return _gfile().isdir(path)
 
 
 def makedirs(path: str):
   path = os.fspath(path)
   _check_writable(path)
-  if is_remote(path):
-    _gfile().makedirs(path)
-  else:
+  if not is_remote(path):
     os.makedirs(path, exist_ok=True)
+    return
+  with _reaching(path):
+    _gfile().makedirs(path)
 
 
 def listdir(path: str) -> list[str]:
   """Names in directory `path` (no trailing '/'), sorted."""
   path = os.fspath(path)
-  if is_remote(path):
+  if not is_remote(path):
+    return sorted(os.listdir(path))
+  with _reaching(path):
     return sorted(name.rstrip('/') for name in _gfile().listdir(path))
-  return sorted(os.listdir(path))
 
 
 def glob(pattern: str) -> list[str]:
   """Paths matching `pattern` (`*`, `?`, `[...]`), sorted."""
   pattern = os.fspath(pattern)
-  if is_remote(pattern):
+  if not is_remote(pattern):
+    return sorted(local_glob.glob(os.path.expanduser(pattern)))
+  with _reaching(pattern):
     return sorted(_gfile().glob(pattern))
-  return sorted(local_glob.glob(os.path.expanduser(pattern)))
 
 
 def remove_tree(path: str):
@@ -126,7 +152,7 @@ def read_bytes(path: str) -> bytes:
       raise
   if not exists(path):
     raise errors.MissingFileError(f'{path} does not exist.')
-  with open_file(path, 'rb') as f:
+  with _reaching(path), open_file(path, 'rb') as f:
     return f.read()
 
 

@@ -38,6 +38,8 @@ def default_config() -> ml_collections.ConfigDict:
   # Manually downloaded archives (imagenet2012); None: TFDS default.
   config.tfds_manual_dir = config_dict.placeholder(str)
   config.tfds_download = True  # Run download_and_prepare when the TFDS dataset is not prepared.
+  # Retries of each download, with exponential backoff (so offline, many take minutes to fail).
+  config.tfds_download_retries = 10
   config.image_size = 8  # Model input resolution (square); 8 is digits' own size.
   config.channels = 3  # 3: RGB (grayscale repeated, alpha dropped); 1: grayscale.
   # Train crop: 'inception_crop' | 'resize_random_crop' | 'pad_random_crop' | 'resize'.
@@ -79,6 +81,8 @@ def _checked_config(config) -> ml_collections.ConfigDict:
   require(is_int(checked.image_size) and checked.image_size > 0, 'image_size', 'an int > 0')
   require(checked.channels in (1, 3), 'channels', '1 or 3')
   require(checked.train_crop in TRAIN_CROPS, 'train_crop', f'one of {TRAIN_CROPS}')
+  require(is_int(checked.tfds_download_retries) and checked.tfds_download_retries >= 0,
+          'tfds_download_retries', 'an int >= 0')
   require(0 < checked.inception_crop_min_area <= 1, 'inception_crop_min_area', 'in (0, 1]')
   require(checked.resize_ratio >= 1, 'resize_ratio', '>= 1')
   require(checked.eval_resize_ratio >= 1, 'eval_resize_ratio', '>= 1')

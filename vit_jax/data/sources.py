@@ -163,6 +163,9 @@ def _prepare_tfds(builder, name: str, config: ml_collections.ConfigDict, tfds):
   if not config.tfds_download:
     raise errors.DataUnavailableError(f'TFDS dataset {name!r} is not prepared in {where} and '
                                       f'config.data.tfds_download is False. {how}')
+  # TFDS's downloader reads its retry count from this module constant at each download.
+  from tensorflow_datasets.core.download import downloader  # pylint: disable=g-import-not-at-top
+  default_retries, downloader.MAX_RETRIES = downloader.MAX_RETRIES, config.tfds_download_retries
   try:
     with progress.phase(f'Preparing TFDS dataset {name} in {builder.data_dir} (download and '
                         'convert; this happens once)'):
@@ -172,6 +175,8 @@ def _prepare_tfds(builder, name: str, config: ml_collections.ConfigDict, tfds):
     raise errors.DataUnavailableError(
         f'TFDS dataset {name!r} is not prepared in {where}, and preparing it failed '
         f'({type(e).__name__}: {e}). {how}') from e
+  finally:
+    downloader.MAX_RETRIES = default_retries
 
 
 def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_count: int,

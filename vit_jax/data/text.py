@@ -52,6 +52,8 @@ def default_config() -> ml_collections.ConfigDict:
   # Manually downloaded archives; None: TFDS's default.
   config.tfds_manual_dir = config_dict.placeholder(str)
   config.tfds_download = True  # Run download_and_prepare when not prepared (WMT: GBs, hours).
+  # Retries of each download, with exponential backoff (so offline, many take minutes to fail).
+  config.tfds_download_retries = 10
   # 'chars' (the training text's characters), 'bytes' (UTF-8 bytes, 258 ids, no file) or
   # 'sentencepiece' (unigram model trained on the training text). 'chars' and 'sentencepiece'
   # are saved in the workdir (tokenizer_chars.json, tokenizer.model) and reused from there.
@@ -100,6 +102,8 @@ def _checked_config(config) -> ml_collections.ConfigDict:
   require(checked.eval_max_length is None
           or (is_int(checked.eval_max_length) and checked.eval_max_length >= 2),
           'eval_max_length', 'None or an int >= 2')
+  require(is_int(checked.tfds_download_retries) and checked.tfds_download_retries >= 0,
+          'tfds_download_retries', 'an int >= 0')
   require(checked.long_examples in LONG_EXAMPLES, 'long_examples', f'one of {LONG_EXAMPLES}')
   require(isinstance(checked.pack, bool), 'pack', 'True or False')
   require(is_int(checked.shuffle_buffer) and checked.shuffle_buffer >= 0, 'shuffle_buffer',

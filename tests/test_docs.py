@@ -1,0 +1,371 @@
+"""Every documented command runs as written.
+
+The commands (`python -m vit_jax...`) are taken from README.md (each `##` section on its own),
+from each configs/*.py docstring and from the notebooks' text, and run in a subprocess with
+bash, in document order, from a directory laid out like the repository's root (configs/ is
+there). Each run appends only overrides that shrink it (steps, sizes, widths); the files an
+example names (a .npz, an image folder, a corpus, a teacher's workdir, photos) are generated
+there first. A command that needs the network runs until its one-line error says it cannot
+download. A command no rule here knows runs without overrides and must succeed: a new
+documented command is tested from the moment it is written down.
+"""
+
+import dataclasses
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import nbformat
+import numpy as np
+import pytest
+from PIL import Image
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+COMMAND = re.compile(r'python -m vit_jax\.\w+')
+# Commands that need the network run offline anywhere: downloads go to a closed port, and
+# TensorFlow's gs:// client gives up at the first failure instead of retrying for minutes.
+OFFLINE = {'HTTP_PROXY': 'http://127.0.0.1:9', 'HTTPS_PROXY': 'http://127.0.0.1:9',
+           'http_proxy': 'http://127.0.0.1:9', 'https_proxy': 'http://127.0.0.1:9',
+           'NO_PROXY': 'localhost,127.0.0.1', 'no_proxy': 'localhost,127.0.0.1',
+           'GCS_RETRY_CONFIG_MAX_RETRIES': '0'}
+
+TINY_DIGITS = ('--config.total_steps=4 --config.log_every=2 --config.eval_every=0 '
+               '--config.checkpoint_every=0')
+NARROW = ('--config.model.hidden_size=32 --config.model.mlp_dim=64 --config.model.num_heads=2 '
+          '--config.model.num_layers=1 --config.data.image_size=32 --config.batch_size=8 '
+          '--config.eval_batch_size=8')
+TINY_IMAGES = f'{NARROW} {TINY_DIGITS}'
+TINY_DATES = ('--config.total_steps=4 --config.data.dates_train_size=256 '
+              '--config.data.dates_test_size=16 --config.eval_every=0 --config.checkpoint_every=0 '
+              '--config.log_every=2 --config.decode_batch_size=16')
+TINY_TEXT = ('--config.total_steps=4 --config.data.vocab_size=40 --config.model.embed_dim=32 '
+             '--config.model.mlp_dim=64 --config.model.num_heads=2 --config.model.num_layers=1 '
+             '--config.batch_size=16 --config.eval_batch_size=16 --config.num_eval_decode=8 '
+             '--config.beam_size=2 --config.decode_batch_size=8 --config.data.max_length=32 '
+             '--config.log_every=2 --config.eval_every=0 --config.checkpoint_every=0')
+TINY_BENCH = '--batch 1 --resolution 32 --steps 1 --warmup 0 --rounds 1'
+NO_DOWNLOAD = '--config.data.tfds_download_retries=0'
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+  """How to run the documented commands that `pattern` matches (searched in the command)."""
+  pattern: str
+  append: str = ''  # Shrinking overrides, after each `python -m vit_jax...` of the command.
+  expect: str = ''  # A regex the command's stdout and stderr must hold.
+  error: str = ''  # The regex of its one-line error, for a command that needs the network.
+  offline: bool = False  # Run it with downloads failing at once.
+
+
+# First match wins; the last rule catches every other vit_jax.main command.
+RULES = [
+    Rule(r'vit_jax\.main .*--coordinator_address=10\.0\.0\.1', '--distributed_timeout=3',
+         error=r'did not start within --distributed_timeout=3s: process 0 hosts the '
+               r'coordinator at 10\.0\.0\.1:1234', offline=True),
+    Rule(r'--coordinator_address=localhost', TINY_DIGITS, expect=r'eval at step 4: accuracy'),
+    Rule(r'transformer_wmt\.py', NO_DOWNLOAD, offline=True,
+         error=r"TFDS dataset 'wmt14_translate/de-en' is not prepared .* preparing it failed"),
+    Rule(r'--config\.pretrained=gs://', TINY_IMAGES, offline=True,
+         error=r'Cannot reach gs://vit_models/imagenet21k/ViT-B_16\.npz'),
+    Rule(r'trainer=predict.*--config\.pretrained=', NARROW,
+         expect=r'\.jpg\n +\d+\.\d\d%  \w'),
+    Rule(r'trainer=predict', '', expect=r'\.png\n +\d+\.\d\d%  \d'),
+    Rule(r'trainer=visualize', '', expect=r'Wrote \S+\.png'),
+    Rule(r'trainer=translate', '--config.decode_batch_size=4', expect=r'\S'),
+    Rule(r'trainer=evaluate', '', expect=r'eval of step 4:'),
+    Rule(r'configs/transformer_dates\.py', TINY_DATES, expect=r'eval at step 4:.*exact_match'),
+    Rule(r'configs/transformer_text\.py', TINY_TEXT, expect=r'eval at step 4:.*bleu'),
+    Rule(r'configs/(vit|deit)\.py', TINY_IMAGES, expect=r'eval at step 4: accuracy'),
+    Rule(r'configs/vit_digits\.py', TINY_DIGITS,
+         expect=r'eval at step 4: accuracy|has finished: its latest checkpoint is at step 4'),
+    Rule(r'vit_jax\.convert .*--print', '', expect=r'head/kernel +\(768, 1000\)'),
+    Rule(r'vit_jax\.convert', '', expect=r'Wrote \S+'),
+    Rule(r'vit_jax\.benchmark .*--compare timm', TINY_BENCH,
+         error=r'--compare timm needs torch and timm'),
+    Rule(r'vit_jax\.benchmark .*--attention-memory', '--model ViT-testing --resolutions 32',
+         expect=r'chunked'),
+    Rule(r'vit_jax\.benchmark .*--compile-depth',
+         '--depth-model ViT-testing --resolution 32 --compile-repeats 1 --no-unrolled',
+         expect=r'deep/shallow compile time'),
+    Rule(r'vit_jax\.benchmark .*--mode seq2seq',
+         '--num-layers 1 --seq-len 8 --decode-length 8 --vocab-size 64 --batch 2 --steps 1 '
+         '--warmup 0 --rounds 1', expect=r'tokens/s'),
+    Rule(r'vit_jax\.benchmark', f'{TINY_BENCH} --num-layers 1', expect=r'images/s'),
+    Rule(r'vit_jax\.models ViT-B_16', '', expect=r'86,567,656 parameters'),
+    Rule(r'vit_jax\.models$', '', expect=r'Transformer-base'),
+]
+
+
+# ------------------------------------------------------------------------------ Commands
+
+
+def _logical_lines(text: str) -> list[str]:
+  """Lines with backslash continuations joined and trailing `# comments` dropped."""
+  lines, current = [], ''
+  for raw in text.splitlines():
+    if raw.rstrip().endswith('\\'):
+      current += raw.strip()[:-1].rstrip() + ' '
+      continue
+    line = (current + raw.strip()).strip()
+    current = ''
+    if line and not line.startswith('#'):
+      lines.append(re.sub(r'\s+#\s[^\'"]*$', '', line))
+  return lines
+
+
+def _shell_lines(text: str) -> list[str]:
+  """The lines of a block that a user runs: vit_jax commands and the `export`s they need.
+
+  An install-and-run line (`python3 -m venv ... && pip install ... && python -m vit_jax...`)
+  keeps its vit_jax part: the tests run in the installed package already.
+  """
+  kept = []
+  for line in _logical_lines(text):
+    if line.startswith('export '):
+      kept.append(line)
+    elif COMMAND.search(line):
+      parts = [p.strip() for p in line.split(' && ')]
+      kept.append(' && '.join(p for p in parts if COMMAND.search(p)) if 'pip install' in line
+                  else line)
+  return kept
+
+
+def _markdown_commands(markdown: str) -> list[str]:
+  """Commands of fenced non-Python blocks and of inline `python -m vit_jax...` spans."""
+  commands = []
+  pieces = re.split(r'^```(\w*)\n(.*?)^```', markdown, flags=re.S | re.M)
+  for i in range(0, len(pieces), 3):
+    for span in re.findall(r'`(python -m vit_jax\.[^`]+)`', pieces[i]):
+      commands.append(span.strip())
+    if i + 2 < len(pieces) and pieces[i + 1] not in ('python', 'py'):
+      commands += _shell_lines(pieces[i + 2])
+  return commands
+
+
+def _readme_sections() -> dict[str, list[str]]:
+  text = (REPO / 'README.md').read_text()
+  sections = re.split(r'^## ', text, flags=re.M)
+  found = {}
+  for section in sections[1:]:
+    title, _, body = section.partition('\n')
+    commands = _markdown_commands(body)
+    if commands:
+      found[f'README.md: {title.strip()}'] = commands
+  return found
+
+
+def _config_docstrings() -> dict[str, list[str]]:
+  import ast  # pylint: disable=g-import-not-at-top
+  found = {}
+  for path in sorted((REPO / 'configs').glob('*.py')):
+    docstring = ast.get_docstring(ast.parse(path.read_text())) or ''
+    found[f'configs/{path.name}'] = _shell_lines(docstring)
+  return found
+
+
+def _notebook_text() -> dict[str, list[str]]:
+  found = {}
+  for path in sorted((REPO / 'colab').glob('*.ipynb')):
+    notebook = nbformat.read(path, as_version=4)
+    markdown = '\n\n'.join(cell.source for cell in notebook.cells if cell.cell_type == 'markdown')
+    found[f'colab/{path.name}'] = _markdown_commands(markdown)
+  return found
+
+
+SOURCES = {**_readme_sections(), **_config_docstrings(), **_notebook_text()}
+
+
+def _rule(command: str) -> Rule:
+  for rule in RULES:
+    if re.search(rule.pattern, command):
+      return rule
+  return Rule('')
+
+
+def _with_overrides(command: str, extra: str) -> str:
+  """`extra` after each `python -m vit_jax.X ARGS` of a shell line, before `&`, `|` or `;`."""
+  if not extra:
+    return command
+  out, position = [], 0
+  for match in COMMAND.finditer(command):
+    end = match.end()
+    quote = None
+    while end < len(command):
+      char = command[end]
+      if quote:
+        quote = None if char == quote else quote
+      elif char in '\'"':
+        quote = char
+      elif char in '&|;':
+        break
+      end += 1
+    out.append(command[position:end].rstrip() + ' ' + extra + (' ' if end < len(command)
+                                                                 else ''))
+    position = end
+  return ''.join(out) + command[position:]
+
+
+# ------------------------------------------------------------------------------ Files the
+# examples name, generated where they name them.
+
+
+def _save_vit_npz(path: pathlib.Path, image_size: int = 224, **narrow):
+  import jax  # pylint: disable=g-import-not-at-top
+  from vit_jax import checkpoint, models  # pylint: disable=g-import-not-at-top
+  model = models.get_model('ViT-B_16', num_classes=1000, **narrow)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0),
+                                             np.zeros((1, image_size, image_size, 3))))
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32),
+                        shapes['params'])
+  path.parent.mkdir(parents=True, exist_ok=True)
+  checkpoint.save_npz(path, checkpoint.canonicalize(params))
+
+
+NARROW_FIELDS = dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1)
+
+
+def _images(folder: pathlib.Path, count: int, suffix: str, size=(20, 16), gray=False):
+  folder.mkdir(parents=True, exist_ok=True)
+  rng = np.random.default_rng(len(str(folder)))
+  for i in range(count):
+    shape = size[::-1] if gray else (*size[::-1], 3)
+    Image.fromarray(rng.integers(0, 256, shape, dtype=np.uint8)).save(folder / f'{i}{suffix}')
+
+
+def _image_folder(root: pathlib.Path):
+  for split in ('train', 'test'):
+    for label in ('cat', 'dog'):
+      _images(root / split / label, 4, '.png')
+
+
+def _corpus(data: pathlib.Path):
+  """Parallel text: number words in English and German, one sentence per line."""
+  words = {'en': 'one two three four five six seven eight nine ten'.split(),
+           'de': 'eins zwei drei vier fuenf sechs sieben acht neun zehn'.split()}
+  rng = np.random.default_rng(0)
+  data.mkdir(parents=True, exist_ok=True)
+  for split, count in (('train', 300), ('val', 24)):
+    rows = [rng.integers(0, 10, rng.integers(2, 6)) for _ in range(count)]
+    for language, vocabulary in words.items():
+      (data / f'{split}.{language}').write_text(
+          ''.join(' '.join(vocabulary[i] for i in row) + '\n' for row in rows))
+
+
+def _fake_cifar10(data_dir: pathlib.Path):
+  """cifar10 prepared in data_dir (random images, the real features), as TFDS would have it."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  builder = tfds.builder('cifar10', data_dir=str(data_dir))
+  if builder.is_prepared():
+    return
+  rng = np.random.default_rng(0)
+
+  def split(n):
+    return tf.data.Dataset.from_tensor_slices({
+        'id': [f'x{i}' for i in range(n)], 'label': rng.integers(0, 10, n),
+        'image': rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)})
+
+  tfds.dataset_builders.store_as_tfds_dataset(
+      name='cifar10', version=str(builder.version), data_dir=str(data_dir),
+      features=builder.info.features, split_datasets={'train': split(40), 'test': split(16)})
+
+
+def _run(command: str, cwd: pathlib.Path, env: dict, timeout: int = 600):
+  return subprocess.run(['bash', '-c', command], capture_output=True, text=True, cwd=cwd,
+                        env=env, timeout=timeout)
+
+
+def _prepare(command: str, cwd: pathlib.Path, env: dict):
+  """Generates the files `command` names that are not there yet."""
+  def missing(name):
+    return name in command and not (cwd / name).exists()
+
+  if 'cifar10' in command:
+    _fake_cifar10(pathlib.Path(env['TFDS_DATA_DIR']))
+  if missing('path/to/ViT-B_16.npz'):
+    _save_vit_npz(cwd / 'path/to/ViT-B_16.npz', **NARROW_FIELDS)
+  if missing('ViT-B_16-224.npz'):
+    _save_vit_npz(cwd / 'ViT-B_16-224.npz', image_size=32, **NARROW_FIELDS)
+  if re.search(r'(^| )ViT-B_16\.npz', command) and missing('ViT-B_16.npz'):
+    _save_vit_npz(cwd / 'ViT-B_16.npz')  # The real size: convert checks it against ViT-B_16.
+  if missing('data/my_images'):
+    _image_folder(cwd / 'data/my_images')
+  if missing('data/train.en'):
+    _corpus(cwd / 'data')
+  if missing('photos/'):
+    _images(cwd / 'photos', 3, '.jpg', size=(48, 40))
+  if re.search(r'inputs=digits/', command) and missing('digits/'):
+    _images(cwd / 'digits', 3, '.png', size=(8, 8), gray=True)
+  for name in ('a.png', 'b.jpg'):
+    if re.search(rf'\b{re.escape(name)}\b', command) and missing(name):
+      _images(cwd, 1, name, size=(8, 8))
+      (cwd / f'0{name}').rename(cwd / name)
+  for workdir, config in (('runs/digits', 'configs/vit_digits.py'),
+                          ('runs/dates', 'configs/transformer_dates.py')):
+    trains_it = f'--config={config} --workdir={workdir}' in command
+    if not trains_it and missing(workdir):
+      setup = _run(f'python -m vit_jax.main --config={config} --workdir={workdir} '
+                   f'{_rule(config).append}', cwd, env)
+      assert setup.returncode == 0, setup.stderr
+  if '--config.teacher=runs/teacher' in command and missing('runs/teacher'):
+    setup = _run('python -m vit_jax.main --config=configs/vit.py:ViT-testing,cifar10 '
+                 f'--workdir=runs/teacher {TINY_DIGITS} --config.data.image_size=32 '
+                 '--config.batch_size=8 --config.eval_batch_size=8', cwd, env)
+    assert setup.returncode == 0, setup.stderr
+
+
+@pytest.mark.parametrize('source', SOURCES)
+def test_documented_commands_run_as_written(source, tmp_path, record_property):
+  commands = SOURCES[source]
+  assert commands, f'{source} documents no vit_jax command; drop it from the sources'
+  (tmp_path / 'configs').symlink_to(REPO / 'configs')
+  (tmp_path / 'tfds').mkdir()
+  env = {**os.environ, 'TFDS_DATA_DIR': str(tmp_path / 'tfds'),
+         'PATH': f'{os.path.dirname(sys.executable)}:{os.environ["PATH"]}'}
+  exports = []
+  for command in commands:
+    if command.startswith('export '):
+      exports.append(command)
+      continue
+    rule = _rule(command)
+    _prepare(command, tmp_path, env)
+    run_env = {**env, **OFFLINE} if rule.offline else env
+    written = ' && '.join([*exports, _with_overrides(command, rule.append)])
+    out = _run(written, tmp_path, run_env)
+    output = out.stdout + out.stderr
+    if rule.error:
+      assert out.returncode != 0, (written, output)
+      assert 'Traceback (most recent call last)' not in out.stderr, (written, out.stderr)
+      last = out.stderr.rstrip('\n').rsplit('\n', 1)[-1]
+      assert last.startswith('error: ') and re.search(rule.error, last), (written, out.stderr)
+    else:
+      assert out.returncode == 0, (written, output)
+      assert 'Traceback (most recent call last)' not in output, (written, output)
+      assert re.search(rule.expect, output), (written, rule.expect, output)
+  record_property('commands', len([c for c in commands if not c.startswith('export ')]))
+
+
+def test_every_source_is_searched():
+  """The sources cover the README, every config docstring and every notebook."""
+  assert {name.split(':')[0] for name in SOURCES} == (
+      {'README.md'} | {f'configs/{p.name}' for p in (REPO / 'configs').glob('*.py')}
+      | {f'colab/{p.name}' for p in (REPO / 'colab').glob('*.ipynb')})
+  readme = sum(len(c) for name, c in SOURCES.items() if name.startswith('README.md'))
+  blocks = re.findall(r'^```\n(.*?)^```', (REPO / 'README.md').read_text(), flags=re.S | re.M)
+  mentioned = sum(len(COMMAND.findall(block)) for block in blocks)
+  assert readme >= mentioned  # Every command of every shell block (and inline ones) is run.
+
+
+def test_overrides_go_after_each_command():
+  assert _with_overrides('echo "a | b" | python -m vit_jax.main --x=1', '--y=2') == (
+      'echo "a | b" | python -m vit_jax.main --x=1 --y=2')
+  assert _with_overrides('for i in 0 1; do python -m vit_jax.main --id=$i & done; wait',
+                         '--y=2') == ('for i in 0 1; do python -m vit_jax.main --id=$i --y=2 '
+                                      '& done; wait')
+  assert _shell_lines('python3 -m venv .venv && . .venv/bin/activate && pip install -e . && '
+                      'python -m vit_jax.main --a=1\n# a comment\npython -m vit_jax.x \\\n'
+                      '    --b=2   # trailing\n') == ['python -m vit_jax.main --a=1',
+                                                      'python -m vit_jax.x --b=2']
