@@ -1,4 +1,5 @@
-"""Attention: the numpy example of the notes, kernels vs plain, 'auto', masks, order blindness."""
+"""Attention: a worked numpy example (4 words, random 3x3 projections), kernels vs plain,
+'auto', masks, order blindness."""
 
 import jax
 import jax.numpy as jnp

@@ -163,28 +163,3 @@ def test_tfds_data_dir_from_the_command_line_reaches_tfds(tmp_path):
               *TINY_IMAGES, cwd=REPO)
   assert out.returncode == 1
   assert user_error(out.stderr).startswith("error: Unknown dataset 'my_shapes'")
-
-
-def test_model_knobs_from_the_command_line_train(tmp_path):
-  from PIL import Image  # pylint: disable=g-import-not-at-top
-  rng = np.random.default_rng(0)
-  for split in ('train', 'test'):
-    for label in ('circle', 'square'):
-      folder = tmp_path / 'shapes' / split / label
-      folder.mkdir(parents=True)
-      for i in range(4):
-        Image.fromarray(rng.integers(0, 256, (10, 12, 3), dtype=np.uint8)).save(
-            folder / f'{i}.png')
-  out = _main(f'--config=configs/vit.py:ViT-Ti_16,{tmp_path}/shapes',
-              f'--workdir={tmp_path}/run', '--config.data.train_split=train',
-              '--config.model.dropout_rate=0.1', '--config.model.remat=True',
-              '--config.model.scan_layers=True', '--config.model.num_layers=2',
-              *[flag for flag in TINY_IMAGES if 'num_layers' not in flag], cwd=REPO)
-  assert out.returncode == 0, out.stderr
-  saved = json.loads((tmp_path / 'run' / 'config.json').read_text())['model']
-  assert (saved['dropout_rate'], saved['remat'], saved['scan_layers']) == (0.1, True, True)
-  # Scanned layers are stacked under one `encoderblock` in the checkpoint.
-  checkpoints = tmp_path / 'run' / 'checkpoints' / '2'
-  assert checkpoints.is_dir()
-  metadata = (checkpoints / 'default' / '_METADATA').read_text()
-  assert 'encoderblock' in metadata and 'encoderblock_0' not in metadata

@@ -1,6 +1,6 @@
 """Every documented command runs as written.
 
-The commands (`python -m vit_jax...`) are taken from README.md (each `##` section on its own),
+The commands (`python -m vit_jax...`) are taken from README.md (each section on its own),
 from each configs/*.py docstring and from the notebooks' text, and run in a subprocess with
 bash, in document order, from a directory laid out like the repository's root (configs/ is
 there). Each run appends only overrides that shrink it (steps, sizes, widths); the files an
@@ -77,6 +77,9 @@ RULES = [
     Rule(r'trainer=evaluate', '', expect=r'eval of step 4:'),
     Rule(r'configs/transformer_dates\.py', TINY_DATES, expect=r'eval at step 4:.*exact_match'),
     Rule(r'configs/transformer_text\.py', TINY_TEXT, expect=r'eval at step 4:.*bleu'),
+    Rule(r'--config\.model\.dropout_rate=0\.1', TINY_IMAGES,
+         expect=r'Model ViT-Ti_16 with .*dropout_rate=0\.1.*scan_layers=True, remat=True(.|\n)*'
+                r'eval at step 4: accuracy'),
     Rule(r'configs/(vit|deit)\.py', TINY_IMAGES, expect=r'eval at step 4: accuracy'),
     Rule(r'configs/vit_digits\.py', TINY_DIGITS,
          expect=r'eval at step 4: accuracy|has finished: its latest checkpoint is at step 4'),
@@ -145,8 +148,9 @@ def _markdown_commands(markdown: str) -> list[str]:
 
 
 def _readme_sections() -> dict[str, list[str]]:
+  """The commands of each `##` or `###` section of README.md, which run on their own."""
   text = (REPO / 'README.md').read_text()
-  sections = re.split(r'^## ', text, flags=re.M)
+  sections = re.split(r'^###? ', text, flags=re.M)
   found = {}
   for section in sections[1:]:
     title, _, body = section.partition('\n')

@@ -99,6 +99,8 @@ CASES = {
     'bad dtype': ([DIGITS, '--workdir={root}/new', '--config.model.dtype=bf16'],
                   r"dtype='bf16' is not a dtype; use 'float32', 'bfloat16'"),
     'no workdir': ([DIGITS], r'--workdir is required'),
+    'no config': (['--workdir={root}/nothing'], r'No --config given and --workdir=.*nothing holds '
+                                                r'no config\.json of an earlier run'),
 }
 
 

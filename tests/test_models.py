@@ -8,7 +8,7 @@ import pytest
 from vit_jax import models
 from vit_jax.models.resnet import StdConv
 
-# FACTS.md section 2: 224x224 input, 1000 classes, no pre-logits layer.
+# Parameter counts of the published models (224x224 input, 1000 classes, no pre-logits).
 PUBLISHED_PARAMETER_COUNTS = {
     ('ViT-Ti_16', 224): 5_717_416,
     ('ViT-S_16', 224): 22_050_664,

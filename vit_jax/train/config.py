@@ -40,6 +40,14 @@ def model_and_dataset(arg: str, config_file: str) -> tuple[str, str]:
   return model.strip(), dataset.strip()
 
 
+def describe_model(config: ml_collections.ConfigDict) -> str:
+  """'ViT-Ti_16 with dropout_rate=0.1, remat=True': the name and the fields set otherwise."""
+  registered = registry.model_config(config.name)
+  changed = [f'{key}={config[key]!r}' for key in registered
+             if key in config and config[key] != registered[key]]
+  return config.name + (f' with {", ".join(changed)}' if changed else '')
+
+
 def build_model(config: ml_collections.ConfigDict, **caller_fields):
   """The module that `config` (a `model_config`) describes; `caller_fields` add e.g. num_classes."""
   fields = {key: value for key, value in config.items() if key != 'name'}

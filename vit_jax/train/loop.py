@@ -5,6 +5,7 @@ the jit-compiled sharded train step, gradient accumulation, checkpoints,
 evaluation, logging and resuming.
 """
 
+import math
 import queue
 import threading
 import time
@@ -19,7 +20,8 @@ import optax
 
 from vit_jax import errors, progress
 from vit_jax.models import partitioning
-from vit_jax.train import checkpointing, mesh as mesh_lib, metrics as metrics_lib, optim
+from vit_jax.train import checkpointing, config as config_lib, mesh as mesh_lib
+from vit_jax.train import metrics as metrics_lib, optim
 
 State = dict[str, Any]  # {'step', 'params', 'opt_state', 'rng'}
 
@@ -228,6 +230,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   pending: list[tuple[int, dict]] = []
   last_eval = {}
   mesh_desc = ', '.join(f'{axis} {size}' for axis, size in mesh.shape.items())
+  num_params = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(target['params']))
+  progress.log(f'Model {config_lib.describe_model(config.model)}: {num_params:,} parameters.')
   progress.log(f'Training {config.total_steps} steps of batch {config.batch_size} on '
                   f'{mesh.size} device(s) ({jax.devices()[0].platform}; mesh {mesh_desc}), '
                   f'from step {start_step}; workdir {workdir}.')

@@ -89,10 +89,10 @@ def load_model_and_params(config: ml_collections.ConfigDict, workdir: str | None
         model = config_lib.build_model(config.model, num_classes=_num_classes(params))
         return model, params, f'{checkpointer.directory} at step {step}'
   if not config.get('pretrained'):
-    where = f'no checkpoint in {files.join(workdir, "checkpoints")} and' if workdir else ''
+    where = f'No checkpoint in {files.join(workdir, "checkpoints")} and no' if workdir else 'No'
     raise errors.MissingFileError(
-        f'Nothing to predict with: {where} no config.pretrained. Train first, or pass '
-        'published weights with --config.pretrained=FILE.npz (and the model with '
+        f'{where} config.pretrained: trainer={config.trainer} has no weights. Train first, or '
+        'pass published weights with --config.pretrained=FILE.npz (and the model with '
         '--config=configs/vit.py:MODEL,DATASET).')
   path = config.pretrained
   if files.isdir(path):
@@ -111,7 +111,8 @@ def load_model_and_params(config: ml_collections.ConfigDict, workdir: str | None
   return model, params, path
 
 
-def _class_names(config, workdir: str | None, num_classes: int) -> list[str]:
+def class_names(config, workdir: str | None, num_classes: int) -> list[str]:
+  """Each class's name: WORKDIR/class_names.json, else the dataset's (or the class index)."""
   names = class_names_lib.load(workdir) if workdir else None
   if names is None:
     names = class_names_lib.for_dataset(config.data)
@@ -153,7 +154,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None) -> list[dict]:
                              'least 1.')
   paths = expand_inputs(settings.inputs)
   model, params, source = load_model_and_params(config, workdir)
-  names = _class_names(config, workdir, model.num_classes)
+  names = class_names(config, workdir, model.num_classes)
   progress.log(f'Weights: {source} ({config.model.name}, {model.num_classes} classes).')
   probabilities = predict_files(model, params, paths, config.data,
                                 min(settings.batch_size, len(paths)))

@@ -12,29 +12,14 @@ curves from WORKDIR/metrics.jsonl (training_curves.png).
 
 import os
 
-import jax
-import jax.numpy as jnp
 import ml_collections
 
 from vit_jax import errors, progress, visualize
-from vit_jax.train import checkpointing, config as train_config
+from vit_jax.train import checkpointing, config as train_config, prediction
 
 
 def _split_inputs(inputs: str) -> list[str]:
   return [item.strip() for item in inputs.split('|') if item.strip()]
-
-
-def _restore_params(config: ml_collections.ConfigDict, workdir: str, init_params) -> dict:
-  """The latest checkpoint in `workdir`, else the weights `config.pretrained` names."""
-  with checkpointing.Checkpointer(workdir) as checkpointer:
-    if checkpointer.latest_step() is not None:
-      return checkpointer.restore_params()
-  if config.get('pretrained'):
-    from vit_jax.train import classification  # pylint: disable=g-import-not-at-top
-    return classification.load_weights(config.pretrained, jax.device_get(init_params))
-  raise errors.MissingFileError(
-      f'No checkpoint in {checkpointer.directory} to visualize. Train first '
-      f'(--config.trainer=train) or pass published weights with --config.pretrained=FILE.npz.')
 
 
 def _layer_index(layer: int, num_layers: int) -> int:
@@ -46,24 +31,20 @@ def _layer_index(layer: int, num_layers: int) -> int:
 
 def _image_attention(config, workdir: str, output_dir: str) -> list[str]:
   from vit_jax.data import images as image_data  # pylint: disable=g-import-not-at-top
-  data = image_data.build(config.data)
+  model, params, _ = prediction.load_model_and_params(config, workdir)
   files = _split_inputs(config.visualize.inputs)
-  if files:
-    inputs, labels = image_data.load_files(files, data.config), None
+  if files:  # No dataset: the files, read and preprocessed like test images.
+    inputs, labels = image_data.load_files(files, config.data), None
   else:
-    batch = next(data.eval_batches(config.visualize.num_examples))
+    batch = next(image_data.build(config.data).eval_batches(config.visualize.num_examples))
     count = int(batch['mask'].sum())
     inputs, labels = batch['image'][:count], batch['label'][:count]
-  model = train_config.build_model(config.model, num_classes=data.num_classes)
-  init_params = jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, *data.image_shape))))['params']
-  params = _restore_params(config, workdir, init_params)
   logits, weights = visualize.vit_attention(model, params, inputs)
   layer = _layer_index(config.visualize.layer, weights.shape[0])
   prefix = visualize.num_prefix_tokens(model)
   head_maps = visualize.class_token_maps(weights, layer, prefix)  # Images are square.
   rollouts = visualize.rollout_maps(weights, prefix)
-  names = list(data.class_names) or [str(i) for i in range(data.num_classes)]
+  names = prediction.class_names(config, workdir, model.num_classes)
   class_ids, probs = visualize.top_k(logits, 1)
   paths = []
   for i, image in enumerate(inputs):
@@ -86,10 +67,7 @@ def _cross_attention(config, workdir: str, output_dir: str) -> list[str]:
     sentences = [source for source, _ in pairs[:config.visualize.num_examples]]
   tokenizer = text.load_tokenizer(config.data, workdir)
   model = train_config.build_model(config.model, vocab_size=tokenizer.vocab_size)
-  tokens = jnp.ones((1, config.data.max_length), jnp.int32)
-  init_params = jax.eval_shape(
-      lambda: model.init(jax.random.PRNGKey(0), tokens, tokens))['params']
-  params = _restore_params(config, workdir, init_params)
+  params, _ = checkpointing.restore_params(workdir)
   translator = translation.Translator(model, params, tokenizer, config)
   inputs, outputs = translator.translate_ids(sentences)
   weights = visualize.cross_attention(model, params, inputs, outputs)  # (L, B, N, T, S)
