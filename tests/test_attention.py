@@ -186,6 +186,17 @@ def test_attention_dropout_only_in_training():
   assert not np.allclose(train_out, eval_out)
 
 
+def test_attention_dropout_on_another_kernel_says_it_runs_plain(caplog, monkeypatch):
+  monkeypatch.setattr(attention, 'DROPOUT_NOTED', set())  # Said once per process.
+  layer = models.MultiHeadDotProductAttention(num_heads=2, dropout_rate=0.5,
+                                              implementation='chunked')
+  x = jax.random.normal(jax.random.key(0), (2, 6, 8))
+  variables = layer.init(jax.random.key(1), x)
+  with caplog.at_level('WARNING'):
+    layer.apply(variables, x, deterministic=False, rngs={'dropout': jax.random.key(2)})
+  assert "runs on the plain attention path in training: 'chunked' has no dropout" in caplog.text
+
+
 def test_hidden_size_not_divisible_by_heads_is_a_clear_error():
   layer = models.MultiHeadDotProductAttention(num_heads=5)
   with pytest.raises(ValueError, match='not divisible by num_heads=5'):

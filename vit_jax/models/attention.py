@@ -12,6 +12,7 @@ the fastest kernel for the backend, dtype and `matmul` option at trace time.
 
 from typing import Any, Callable
 
+from absl import logging
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -22,6 +23,8 @@ from vit_jax.models import partitioning
 
 Array = jax.Array
 Dtype = Any
+# Kernels whose training already said that attention dropout moved it to 'plain'.
+DROPOUT_NOTED: set[str] = set()
 
 ATTENTION_IMPLEMENTATIONS = ('auto', 'fused', 'plain', 'chunked', 'blas')
 # Cache entries of cross-attention while decoding: the projected keys/values of the
@@ -426,6 +429,10 @@ class MultiHeadDotProductAttention(nn.Module):
     if self.dropout_rate > 0.0 and not deterministic:
       dropout_rng = self.make_rng('dropout')
     weights = None
+    if dropout_rng is not None and kernel != 'plain' and kernel not in DROPOUT_NOTED:
+      DROPOUT_NOTED.add(kernel)
+      logging.warning('Attention dropout (rate %s) runs on the plain attention path in '
+                      'training: %r has no dropout.', self.dropout_rate, kernel)
     if kernel == 'plain' or return_weights or dropout_rng is not None:
       out, weights = plain_attention(query, key, value, mask,
                                      dropout_rate=self.dropout_rate,

@@ -62,6 +62,11 @@ def make_optimizer(config: ml_collections.ConfigDict,
   """The optax transformation and its learning-rate schedule."""
   if config.name not in OPTIMIZERS:
     raise errors.ConfigError(f'Unknown optimizer {config.name!r}; choose one of {OPTIMIZERS}.')
+  if config.weight_decay and config.name != 'adamw':
+    raise errors.ConfigError(
+        f'config.optimizer.weight_decay={config.weight_decay} applies to adamw only, but the '
+        f"optimizer is {config.name!r}: set --config.optimizer.weight_decay=0, or use "
+        '--config.optimizer.name=adamw.')
   schedule = make_schedule(config, total_steps)
   state_dtype = jnp.dtype(config.state_dtype)
   if config.name == 'sgd':

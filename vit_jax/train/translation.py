@@ -18,10 +18,6 @@ from vit_jax.data import text
 from vit_jax.train import checkpointing, config as config_lib, distributed
 from vit_jax.train.classification import cross_entropy
 
-PACKING_KEYS = ('inputs_segmentation', 'targets_segmentation', 'inputs_position',
-                'targets_position')
-
-
 def _packing_kwargs(batch: dict) -> dict:
   if 'inputs_segmentation' not in batch:
     return {}
