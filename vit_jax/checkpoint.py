@@ -26,11 +26,12 @@ from flax.core import FrozenDict, freeze
 import numpy as np
 
 from vit_jax import errors, files
+from vit_jax.models.vit import PREFIX_TOKENS
 
 FlatParams = dict[str, Any]  # '/'-joined parameter path -> array.
 
 POSEMB = 'Transformer/posembed_input/pos_embedding'
-EXTRA_TOKENS = ('cls', 'dist')  # Parameters of the tokens before the patch grid, in order.
+EXTRA_TOKENS = PREFIX_TOKENS['token_distill']  # The tokens before the patch grid, in order.
 HEAD_PREFIXES = ('head/', 'head_dist/')
 PRE_LOGITS_PREFIX = 'pre_logits/'
 STACKED_BLOCK = 'encoderblock'  # Segment name of the scanned block, layer axis first.

@@ -21,9 +21,8 @@ import numpy as np
 from flax import traverse_util
 
 from vit_jax import errors
+from vit_jax.models.vit import PREFIX_TOKENS
 
-# Tokens in front of the patches, per ViT classifier.
-PREFIX_TOKENS = {'token': 1, 'token_distill': 2, 'gap': 0}
 HEAD_FUSIONS = ('mean', 'max', 'min')
 # Metrics of a run that are plotted as curves; the rest (speed, ETA, counts) are not.
 _CURVE_SKIP = ('examples_per_sec', 'eta', 'data_wait_fraction', 'num_examples', 'grad_norm')
@@ -160,7 +159,7 @@ def class_token_maps(weights: np.ndarray, layer: int = -1, num_prefix_tokens: in
   Args:
     weights: (L, B, N, T, T) from `vit_attention`.
     layer: which layer (negative counts from the last).
-    num_prefix_tokens: tokens before the patches (`PREFIX_TOKENS[model.classifier]`); with 0
+    num_prefix_tokens: tokens before the patches (`num_prefix_tokens(model)`); with 0
       ('gap') the map is the mean attention of all tokens.
     grid_shape: (rows, cols) of patches; None: a square grid.
   """
@@ -379,4 +378,4 @@ def save_figure(figure, path: str, dpi: int = 120) -> str:
 
 def num_prefix_tokens(model: Any) -> int:
   """Tokens before the patches in a ViT's sequence (class and distillation tokens)."""
-  return PREFIX_TOKENS[model.classifier]
+  return len(PREFIX_TOKENS[model.classifier])

@@ -17,14 +17,15 @@ import math
 from vit_jax.data.tf_cpu import tf
 
 
-def _to_uint8(image):
-  return tf.cast(tf.clip_by_value(tf.round(image), 0.0, 255.0), tf.uint8)
+def to_uint8(images):
+  """Rounds and clips float images to uint8."""
+  return tf.cast(tf.clip_by_value(tf.round(images), 0.0, 255.0), tf.uint8)
 
 
 def _blend(degenerate, image, factor):
   """degenerate + factor * (image - degenerate) as uint8: 0 gives `degenerate`, 1 gives `image`."""
   degenerate = tf.cast(degenerate, tf.float32)
-  return _to_uint8(degenerate + factor * (tf.cast(image, tf.float32) - degenerate))
+  return to_uint8(degenerate + factor * (tf.cast(image, tf.float32) - degenerate))
 
 
 def _luma(image):
@@ -85,7 +86,7 @@ def autocontrast(image):
   high = tf.reduce_max(values, axis=[0, 1])
   scale = tf.math.divide_no_nan(255.0, high - low)
   stretched = tf.where(high > low, (values - low) * scale, values)
-  return _to_uint8(stretched)
+  return to_uint8(stretched)
 
 
 def _equalize_channel(channel):
@@ -119,7 +120,7 @@ def _transform(image, transform, fill):
       fill_value=tf.cast(fill, tf.float32),
       interpolation='BILINEAR',
       fill_mode='CONSTANT')
-  return _to_uint8(out[0])
+  return to_uint8(out[0])
 
 
 def rotate(image, degrees, fill=128):

@@ -19,7 +19,7 @@ from ml_collections import config_dict
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.data import hosts
+from vit_jax.data import checks, hosts
 
 _AUTOTUNE = -1  # tf.data.AUTOTUNE, spelled out so that building a config needs no TensorFlow.
 TRAIN_CROPS = ('inception_crop', 'resize_random_crop', 'pad_random_crop', 'resize')
@@ -62,42 +62,24 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def _checked_config(config) -> ml_collections.ConfigDict:
-  """The defaults updated with `config`; unknown keys and out-of-range values raise ValueError."""
-  checked = default_config()
-  unknown = sorted(set(config.keys()) - set(checked.keys()))
-  if unknown:
-    raise errors.ConfigError(f'Unknown data config keys {unknown}; known keys: '
-                             f'{sorted(checked.keys())}.')
-  checked.update(dict(config.items()))
-  problems = []
-
-  def require(ok: bool, key: str, expected: str):
-    if not ok:
-      problems.append(f'{key}={checked[key]!r} (expected {expected})')
-
-  def is_int(value):
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-  require(is_int(checked.image_size) and checked.image_size > 0, 'image_size', 'an int > 0')
-  require(checked.channels in (1, 3), 'channels', '1 or 3')
-  require(checked.train_crop in TRAIN_CROPS, 'train_crop', f'one of {TRAIN_CROPS}')
-  require(is_int(checked.tfds_download_retries) and checked.tfds_download_retries >= 0,
-          'tfds_download_retries', 'an int >= 0')
-  require(0 < checked.inception_crop_min_area <= 1, 'inception_crop_min_area', 'in (0, 1]')
-  require(checked.resize_ratio >= 1, 'resize_ratio', '>= 1')
-  require(checked.eval_resize_ratio >= 1, 'eval_resize_ratio', '>= 1')
-  require(is_int(checked.crop_padding) and checked.crop_padding >= 0, 'crop_padding', 'an int >= 0')
-  require(is_int(checked.randaugment_layers) and checked.randaugment_layers >= 0,
-          'randaugment_layers', 'an int >= 0')
-  require(0 <= checked.randaugment_magnitude <= 30, 'randaugment_magnitude', 'in [0, 30]')
-  require(0 <= checked.randaugment_fill <= 255, 'randaugment_fill', 'in [0, 255]')
-  require(checked.mixup_alpha >= 0, 'mixup_alpha', '>= 0')
-  require(is_int(checked.shuffle_buffer) and checked.shuffle_buffer >= 1, 'shuffle_buffer',
-          'an int >= 1')
-  require(is_int(checked.prefetch) and checked.prefetch >= -1, 'prefetch', '-1 (AUTOTUNE) or >= 0')
-  if problems:
-    raise errors.ConfigError('Invalid data config: ' + '; '.join(problems) + '.')
-  return checked
+  """The defaults updated with `config`; unknown keys and out-of-range values raise ConfigError."""
+  check = checks.Checks(default_config(), config, 'data config')
+  c = check.config
+  check.require_int('image_size', 1, 'an int > 0')
+  check.require(c.channels in (1, 3), 'channels', '1 or 3')
+  check.require(c.train_crop in TRAIN_CROPS, 'train_crop', f'one of {TRAIN_CROPS}')
+  check.require_int('tfds_download_retries', 0)
+  check.require(0 < c.inception_crop_min_area <= 1, 'inception_crop_min_area', 'in (0, 1]')
+  check.require(c.resize_ratio >= 1, 'resize_ratio', '>= 1')
+  check.require(c.eval_resize_ratio >= 1, 'eval_resize_ratio', '>= 1')
+  check.require_int('crop_padding', 0)
+  check.require_int('randaugment_layers', 0)
+  check.require(0 <= c.randaugment_magnitude <= 30, 'randaugment_magnitude', 'in [0, 30]')
+  check.require(0 <= c.randaugment_fill <= 255, 'randaugment_fill', 'in [0, 255]')
+  check.require(c.mixup_alpha >= 0, 'mixup_alpha', '>= 0')
+  check.require_int('shuffle_buffer', 1)
+  check.require_int('prefetch', -1, '-1 (AUTOTUNE) or >= 0')
+  return check.result()
 
 
 class ImageDataset:

@@ -16,11 +16,6 @@ from vit_jax.data import augment
 from vit_jax.data.tf_cpu import tf
 
 
-def to_uint8(images):
-  """Rounds and clips float images to uint8."""
-  return tf.cast(tf.clip_by_value(tf.round(images), 0.0, 255.0), tf.uint8)
-
-
 def _convert_known_channels(images, have: int, channels: int):
   """`to_channels` for images whose channel count `have` is known in Python."""
   if have in (2, 4):  # Gray + alpha or RGBA: drop the alpha channel.
@@ -53,7 +48,7 @@ def resize(images, size: int):
   """Resizes uint8 (..., H, W, C) to (..., size, size, C); a no-op when the size already matches."""
   if tuple(images.shape[-3:-1]) == (size, size):
     return images
-  return to_uint8(tf.image.resize(images, (size, size), method='bilinear', antialias=True))
+  return augment.to_uint8(tf.image.resize(images, (size, size), method='bilinear', antialias=True))
 
 
 def _uniform(shape, seed):
@@ -89,7 +84,7 @@ def inception_crop(images, size: int, seed, min_area: float):
   boxes = tf.stack([top, left, top + box_h, left + box_w], axis=1)  # (B, 4) normalized y/x.
   crops = tf.image.crop_and_resize(tf.cast(images, tf.float32), boxes,
                                    tf.range(tf.shape(images)[0]), [size, size])
-  return to_uint8(crops)
+  return augment.to_uint8(crops)
 
 
 def random_flip(images, seed):

@@ -25,7 +25,7 @@ from ml_collections import config_dict
 import numpy as np
 
 from vit_jax import errors, files, progress
-from vit_jax.data import hosts, tokenizers
+from vit_jax.data import checks, hosts, tokenizers
 from vit_jax.data.tokenizers import EOS_ID, PAD_ID  # Also text.EOS_ID, text.PAD_ID for callers.
 
 LONG_EXAMPLES = ('truncate', 'skip')
@@ -73,49 +73,27 @@ def default_config() -> ml_collections.ConfigDict:
 
 
 def _checked_config(config) -> ml_collections.ConfigDict:
-  """The defaults updated with `config`; unknown keys and out-of-range values raise ValueError."""
-  checked = default_config()
-  unknown = sorted(set(config.keys()) - set(checked.keys()))
-  if unknown:
-    raise errors.ConfigError(f'Unknown text data config keys {unknown}; known keys: '
-                             f'{sorted(checked.keys())}.')
-  for key, value in config.items():  # Not update(): None defaults may become strings.
-    checked[key] = value
-  problems = []
-
-  def require(ok: bool, key: str, expected: str):
-    if not ok:
-      problems.append(f'{key}={checked[key]!r} (expected {expected})')
-
-  def is_int(value):
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
-
-  require(isinstance(checked.dataset, str) and checked.dataset, 'dataset',
-          "'dates', 'files' or a TFDS name")
-  require(checked.tokenizer in tokenizers.TOKENIZERS, 'tokenizer',
-          f'one of {tokenizers.TOKENIZERS}')
-  require(is_int(checked.vocab_size) and checked.vocab_size > 3, 'vocab_size', 'an int > 3')
-  require(is_int(checked.vocabulary_sample) and checked.vocabulary_sample >= 1,
-          'vocabulary_sample', 'an int >= 1')
-  require(is_int(checked.max_length) and checked.max_length >= 2, 'max_length',
-          'an int >= 2 (a token and EOS)')
-  require(checked.eval_max_length is None
-          or (is_int(checked.eval_max_length) and checked.eval_max_length >= 2),
-          'eval_max_length', 'None or an int >= 2')
-  require(is_int(checked.tfds_download_retries) and checked.tfds_download_retries >= 0,
-          'tfds_download_retries', 'an int >= 0')
-  require(checked.long_examples in LONG_EXAMPLES, 'long_examples', f'one of {LONG_EXAMPLES}')
-  require(isinstance(checked.pack, bool), 'pack', 'True or False')
-  require(is_int(checked.shuffle_buffer) and checked.shuffle_buffer >= 0, 'shuffle_buffer',
-          'an int >= 0')
-  require(is_int(checked.dates_train_size) and checked.dates_train_size >= 1,
-          'dates_train_size', 'an int >= 1')
-  require(is_int(checked.dates_test_size) and checked.dates_test_size >= 1, 'dates_test_size',
-          'an int >= 1')
-  require(is_int(checked.dates_seed) and checked.dates_seed >= 0, 'dates_seed', 'an int >= 0')
-  if problems:
-    raise errors.ConfigError('Invalid text data config: ' + '; '.join(problems) + '.')
-  return checked
+  """The defaults updated with `config`; unknown keys and out-of-range values raise ConfigError."""
+  check = checks.Checks(default_config(), config, 'text data config')
+  c = check.config
+  check.require(isinstance(c.dataset, str) and c.dataset, 'dataset',
+                "'dates', 'files' or a TFDS name")
+  check.require(c.tokenizer in tokenizers.TOKENIZERS, 'tokenizer',
+                f'one of {tokenizers.TOKENIZERS}')
+  check.require_int('vocab_size', 4, 'an int > 3')
+  check.require_int('vocabulary_sample', 1)
+  check.require_int('max_length', 2, 'an int >= 2 (a token and EOS)')
+  check.require(c.eval_max_length is None
+                or (checks.is_int(c.eval_max_length) and c.eval_max_length >= 2),
+                'eval_max_length', 'None or an int >= 2')
+  check.require_int('tfds_download_retries', 0)
+  check.require(c.long_examples in LONG_EXAMPLES, 'long_examples', f'one of {LONG_EXAMPLES}')
+  check.require(isinstance(c.pack, bool), 'pack', 'True or False')
+  check.require_int('shuffle_buffer', 0)
+  check.require_int('dates_train_size', 1)
+  check.require_int('dates_test_size', 1)
+  check.require_int('dates_seed', 0)
+  return check.result()
 
 
 # ------------------------------------------------------------------------------ Tokenizers

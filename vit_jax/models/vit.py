@@ -22,6 +22,8 @@ Array = jax.Array
 Dtype = Any
 
 CLASSIFIERS = ('token', 'gap', 'token_distill')
+# The learned tokens in front of the patches, per classifier (their parameter names, in order).
+PREFIX_TOKENS = {'token': ('cls',), 'token_distill': ('cls', 'dist'), 'gap': ()}
 IMAGE_POSITION_EMBEDDINGS = ('learned', 'sincos2d', 'none')
 
 
@@ -76,11 +78,10 @@ class VisionTransformer(nn.Module):
     if self.position_embedding == 'sincos2d':
       x = x + jnp.asarray(sincos_2d(grid_h, grid_w, width), self.dtype)[None]
 
-    extra_tokens = {'token': ['cls'], 'token_distill': ['cls', 'dist']}.get(
-        self.classifier, [])
     tokens = [jnp.broadcast_to(
         self.param(name, nn.initializers.zeros, (1, 1, width), self.param_dtype
-                   ).astype(self.dtype), (batch, 1, width)) for name in extra_tokens]
+                   ).astype(self.dtype), (batch, 1, width))
+              for name in PREFIX_TOKENS[self.classifier]]
     x = jnp.concatenate(tokens + [x], axis=1)  # (B, extra + N, D)
 
     x = Encoder(

@@ -20,14 +20,18 @@ from vit_jax import errors
 USAGE_EXIT_CODE = 2
 
 
-def _config_spec(argv: list[str]) -> str | None:
-  """The value of --config in argv, or None."""
+def flag_value(argv: list[str], name: str) -> str | None:
+  """The value of --NAME in argv (`--NAME=VALUE` or `--NAME VALUE`), or None."""
   for i, arg in enumerate(argv):
-    if arg.startswith('--config='):
+    if arg.startswith(f'--{name}='):
       return arg.split('=', 1)[1]
-    if arg == '--config' and i + 1 < len(argv):
+    if arg == f'--{name}' and i + 1 < len(argv):
       return argv[i + 1]
   return None
+
+
+def _config_spec(argv: list[str]) -> str | None:
+  return flag_value(argv, 'config')
 
 
 def _overrides(argv: list[str]) -> list[tuple[str, str]]:
