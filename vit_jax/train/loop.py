@@ -204,7 +204,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   if start_step is not None:
     state = checkpointer.restore(target)
     progress.log(f'Resumed from the checkpoint at step {start_step} in '
-                    f'{checkpointer.directory}.')
+                 f'{checkpointer.directory}.')
   else:
     start_step = 0
     params_rng, train_rng = jax.random.split(rng)
@@ -233,8 +233,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   num_params = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(target['params']))
   progress.log(f'Model {config_lib.describe_model(config.model)}: {num_params:,} parameters.')
   progress.log(f'Training {config.total_steps} steps of batch {config.batch_size} on '
-                  f'{mesh.size} device(s) ({jax.devices()[0].platform}; mesh {mesh_desc}), '
-                  f'from step {start_step}; workdir {workdir}.')
+               f'{mesh.size} device(s) ({jax.devices()[0].platform}; mesh {mesh_desc}), '
+               f'from step {start_step}; workdir {workdir}.')
   try:
     for step in range(start_step + 1, config.total_steps + 1):
       wait_start = time.perf_counter()
