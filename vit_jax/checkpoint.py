@@ -343,7 +343,8 @@ def format_mismatches(problems: list[tuple[str, Any, Any]]) -> str:
 
 def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
                     init_params: Mapping[str, Any], *, reinit_head: bool = False,
-                    grid_size: tuple[int, int] | None = None) -> Any:
+                    grid_size: tuple[int, int] | None = None,
+                    source_name: str | None = None) -> Any:
   """Fits a published-layout checkpoint to a model; returns params like `init_params`.
 
   Args:
@@ -357,6 +358,7 @@ def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
       the class count matches.
     grid_size: (height, width) patch grid of the target when its token count
       is not a square.
+    source_name: what errors call the checkpoint (default: its path, or 'The checkpoint').
 
   Returns:
     The same structure as `init_params` with float32 numpy leaves: the
@@ -379,6 +381,7 @@ def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
     source_desc, checkpoint = os.fspath(checkpoint), load_npz(checkpoint)
   else:
     source_desc = 'The checkpoint'
+  source_desc = source_name or source_desc
   source = canonicalize(checkpoint)
   target = {name: _to_host(value) for name, value in flatten_params(target_tree).items()}
   scanned = any(_is_stacked_name(name) for name in target)

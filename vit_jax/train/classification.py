@@ -25,18 +25,25 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float =
   return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
 
 
+def read_weights(path: str, role: str = 'config.pretrained') -> dict:
+  """The params stored at `path`: a published .npz (any filesystem) or a classification workdir.
+
+  `role` names the config field in errors (config.pretrained, config.teacher).
+  """
+  if files.isdir(path):
+    checkpointing.check_task(path, 'classification', role)
+    return checkpointing.restore_params(path)[0]
+  if path.endswith('.npz') or files.is_remote(path):
+    return weights.load_npz(path)
+  raise errors.ConfigError(f'Cannot load weights from {role}={path!r}: expected a .npz '
+                           'checkpoint or the workdir of a vit_jax run.')
+
+
 def load_weights(path: str, init_params: Any, reinit_head: bool = False,
                  role: str = 'config.pretrained') -> Any:
   """Weights from a published .npz or a vit_jax workdir, fitted to `init_params`."""
-  if files.isdir(path):
-    checkpointing.check_task(path, 'classification', role)
-    source, _ = checkpointing.restore_params(path)
-  elif path.endswith('.npz') or files.is_remote(path):
-    source = path
-  else:
-    raise errors.ConfigError(f'Cannot load weights from {path!r}: expected a .npz checkpoint or '
-                             'the workdir of a vit_jax run.')
-  return weights.load_pretrained(source, init_params, reinit_head=reinit_head)
+  return weights.load_pretrained(read_weights(path, role), init_params,
+                                 reinit_head=reinit_head, source_name=path)
 
 
 class ClassificationTask:

@@ -7,7 +7,7 @@ unset hold a typed placeholder (None until set), so they take a value of their t
 import ml_collections
 from ml_collections import config_dict
 
-from vit_jax import errors, models
+from vit_jax import errors, models, progress
 from vit_jax.data import images, text
 from vit_jax.models import registry
 from vit_jax.train import optim
@@ -174,7 +174,6 @@ def from_saved(saved: dict, source: str) -> ml_collections.ConfigDict:
   unknown = []
   _merge(config, saved, '', unknown)
   if unknown:
-    from vit_jax import progress  # pylint: disable=g-import-not-at-top
     progress.log(f'Note: {source} has fields this version does not know, left out: '
                  f'{", ".join(unknown)}.')
   return config

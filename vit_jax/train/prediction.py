@@ -25,7 +25,7 @@ from vit_jax import errors, files, progress
 from vit_jax.data import class_names as class_names_lib
 from vit_jax.data import images as image_data
 from vit_jax.models.vit import stem_stride
-from vit_jax.train import checkpointing, config as config_lib
+from vit_jax.train import checkpointing, classification, config as config_lib
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png', '.gif', '.bmp')
 _GLOB_CHARACTERS = '*?['
@@ -95,10 +95,7 @@ def load_model_and_params(config: ml_collections.ConfigDict, workdir: str | None
         'pass published weights with --config.pretrained=FILE.npz (and the model with '
         '--config=configs/vit.py:MODEL,DATASET).')
   path = config.pretrained
-  if files.isdir(path):
-    source, _ = checkpointing.restore_params(path)
-  else:
-    source = weights.load_npz(path)
+  source = classification.read_weights(path)
   model = config_lib.build_model(config.model, num_classes=_num_classes(source))
   init = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, *image_shape))))
   native = _checkpoint_image_size(weights.canonicalize(source), model)
@@ -107,7 +104,7 @@ def load_model_and_params(config: ml_collections.ConfigDict, workdir: str | None
                  f'{config.data.image_size}x{config.data.image_size} (config.data.image_size) '
                  f'with its position embeddings resized. --config.data.image_size={native} '
                  'predicts at its own resolution.')
-  params = weights.load_pretrained(source, init['params'])
+  params = weights.load_pretrained(source, init['params'], source_name=path)
   return model, params, path
 
 
