@@ -223,12 +223,8 @@ def write_text_atomically(path: str, text: str):
 
 def walk_files(directory: str) -> Iterator[str]:
   """Paths relative to `directory` of every file below it."""
-  if not is_remote(directory):
-    for root, _, names in os.walk(directory):
-      for name in names:
-        yield os.path.relpath(os.path.join(root, name), directory)
-    return
-  for root, _, names in _gfile().walk(directory):
+  walk = _gfile().walk if is_remote(directory) else os.walk
+  for root, _, names in walk(directory):
     for name in names:
       yield os.path.relpath(os.path.join(root, name), directory)
 
