@@ -14,7 +14,7 @@ import pytest
 from helpers import user_error
 
 from vit_jax import errors, models
-from vit_jax.data import images, text
+from vit_jax.data import images, text_config
 from vit_jax.models import registry
 from vit_jax.train import config as config_lib
 from vit_jax.train import optim
@@ -69,7 +69,8 @@ def test_every_field_has_a_type_the_command_line_parses(filename, arg):
 @pytest.mark.parametrize('filename,arg', RUN_CONFIGS)
 def test_run_configs_use_only_known_fields(filename, arg):
   config = run_config(filename, arg)
-  defaults = text.default_config() if config.task == 'translation' else images.default_config()
+  defaults = (text_config.default_config() if config.task == 'translation'
+              else images.default_config())
   assert set(config.data) == set(defaults)
   assert set(config.optimizer) == set(optim.default_config())
   required = {'vocab_size': 100} if config.task == 'translation' else {'num_classes': 10}

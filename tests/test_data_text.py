@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 
 from vit_jax.data import dates
-from vit_jax.data import text
-from vit_jax.data import tokenizers
+from vit_jax.data import text, text_config, tokenizers, vocabulary
 
 # Weekday names per language, Monday first, written out here independently of `dates`.
 WEEKDAYS = {
@@ -29,7 +28,7 @@ WEEKDAY_NUMBERS = {name: number for names in WEEKDAYS.values()
 
 
 def _config(**overrides):
-  config = text.default_config()
+  config = text_config.default_config()
   config.update(overrides)
   return config
 
@@ -44,12 +43,6 @@ def _build(config, workdir=None, process_index=0, process_count=1):
                     process_count=process_count)
 
 
-def _segments(batch, side, row):
-  """The token lists of the packed examples of one row: [ids of segment 1, segment 2, ...]."""
-  tokens, segmentation = batch[side][row], batch[side + '_segmentation'][row]
-  return [tokens[segmentation == s].tolist() for s in range(1, segmentation.max() + 1)]
-
-
 @pytest.fixture(scope='module')
 def dates_splits():
   return dates.generate(train_size=dates.NUM_DAYS, test_size=1000, seed=0)
@@ -57,7 +50,7 @@ def dates_splits():
 
 @pytest.fixture(scope='module')
 def default_dates():
-  return _build(text.default_config())
+  return _build(text_config.default_config())
 
 
 # ------------------------------------------------------------------------------ dates
@@ -145,7 +138,7 @@ def test_bytes_round_trip_including_non_ascii():
   assert tokenizer.vocab_size == 258 and min(ids) >= 2 and max(ids) < 258
   assert len(ids) == len(sample.encode('utf-8'))
   assert tokenizer.decode(ids) == sample
-  assert tokenizer.decode(ids + [text.EOS_ID] + ids) == sample  # Stops at EOS.
+  assert tokenizer.decode(ids + [tokenizers.EOS_ID] + ids) == sample  # Stops at EOS.
   assert tokenizer.decode([0] + ids + [0, 0]) == sample  # Skips padding.
   flat, lengths = tokenizer.encode_many([sample, '', 'a'])
   assert lengths.tolist() == [len(ids), 0, 1] and flat.tolist() == ids + [ord('a') + 2]
@@ -173,15 +166,15 @@ def test_chars_vocabulary_is_saved_and_reused(tmp_path):
   path.write_bytes(tokenizers.CharTokenizer('0123456789-').to_bytes())
   again = _build(config, workdir=str(tmp_path))
   assert again.tokenizer.vocab_size == 14
-  assert text.load_tokenizer(config, str(tmp_path)).chars == '0123456789-'
+  assert vocabulary.load_tokenizer(config, str(tmp_path)).chars == '0123456789-'
 
 
 def test_missing_tokenizer_model_is_a_clear_error(tmp_path):
   with pytest.raises(FileNotFoundError, match='No chars tokenizer model in WORKDIR.*train first'):
-    text.load_tokenizer(_config(), str(tmp_path))
+    vocabulary.load_tokenizer(_config(), str(tmp_path))
   with pytest.raises(FileNotFoundError, match='No sentencepiece tokenizer model'):
-    text.load_tokenizer(_config(tokenizer='sentencepiece'), None)
-  assert text.load_tokenizer(_config(tokenizer='bytes'), str(tmp_path)).vocab_size == 258
+    vocabulary.load_tokenizer(_config(tokenizer='sentencepiece'), None)
+  assert vocabulary.load_tokenizer(_config(tokenizer='bytes'), str(tmp_path)).vocab_size == 258
 
 
 def test_sentencepiece_is_trained_deterministically_saved_and_reused(tmp_path):
@@ -195,9 +188,9 @@ def test_sentencepiece_is_trained_deterministically_saved_and_reused(tmp_path):
   assert tokenizer.vocab_size == 120 and second.tokenizer.vocab_size == 120
   for sample in ('Samstag, 3. März 1979', 'le 1er août 2001', '1979-03-03'):
     ids = tokenizer.encode(sample)
-    assert text.EOS_ID not in ids and text.PAD_ID not in ids
-    assert tokenizer.decode(ids + [text.EOS_ID, 7, 8]) == sample
-  loaded = text.load_tokenizer(config, str(tmp_path / 'a'))
+    assert tokenizers.EOS_ID not in ids and tokenizers.PAD_ID not in ids
+    assert tokenizer.decode(ids + [tokenizers.EOS_ID, 7, 8]) == sample
+  loaded = vocabulary.load_tokenizer(config, str(tmp_path / 'a'))
   assert loaded.encode('3 mars 1979') == tokenizer.encode('3 mars 1979')
   with pytest.raises(ValueError, match='holds a 120-id sentencepiece vocabulary.*vocab_size=200'):
     _build(_small_dates(tokenizer='sentencepiece', vocab_size=200), workdir=str(tmp_path / 'a'))
@@ -205,74 +198,7 @@ def test_sentencepiece_is_trained_deterministically_saved_and_reused(tmp_path):
     _build(_small_dates(tokenizer='sentencepiece', vocab_size=5000))
 
 
-# ------------------------------------------------------------------------------ packing
-
-
-def test_packed_rows_hold_whole_consistent_examples(default_dates):
-  tokenizer = default_dates.tokenizer
-  pairs = set(dates.generate(40_000, 1000, 0)['train'])
-  batch = next(default_dates.train_batches(batch_size=32, seed=0))
-  assert set(batch) == {'inputs', 'targets', 'inputs_segmentation', 'targets_segmentation',
-                        'inputs_position', 'targets_position'}
-  for key, array in batch.items():
-    assert array.shape == (32, 64) and array.dtype == np.int32, key
-  num_examples = 0
-  for row in range(32):
-    for side in ('inputs', 'targets'):
-      segmentation = batch[side + '_segmentation'][row]
-      position = batch[side + '_position'][row]
-      used = segmentation > 0
-      assert (batch[side][row][~used] == 0).all() and (position[~used] == 0).all()
-      assert used[:used.sum()].all()  # Examples first, padding after.
-      assert (np.diff(segmentation[used]) >= 0).all()  # Segments 1, 1, ..., 2, 2, ...
-      for s in range(1, segmentation.max() + 1):
-        assert position[segmentation == s].tolist() == list(range((segmentation == s).sum()))
-    sources, targets = _segments(batch, 'inputs', row), _segments(batch, 'targets', row)
-    assert len(sources) == len(targets) >= 2
-    for source_ids, target_ids in zip(sources, targets):
-      # Each segment is one whole example ending with its (only) EOS; pairs stay together.
-      assert source_ids[-1] == target_ids[-1] == text.EOS_ID
-      assert text.EOS_ID not in source_ids[:-1] + target_ids[:-1]
-      assert (tokenizer.decode(source_ids), tokenizer.decode(target_ids)) in pairs
-      num_examples += 1
-  assert num_examples > 32 * 2.5
-
-
-def test_packing_is_greedy_in_order_with_no_shuffling():
-  dataset = _build(_small_dates(shuffle_buffer=1, max_length=40))
-  train = dates.generate(600, 50, 0)['train']
-  tokenizer = dataset.tokenizer
-  batch = next(dataset.train_batches(batch_size=8, seed=0))
-  rows = [list(zip(_segments(batch, 'inputs', r), _segments(batch, 'targets', r)))
-          for r in range(8)]
-  decoded = [(tokenizer.decode(s), tokenizer.decode(t)) for row in rows for s, t in row]
-  assert decoded == train[:len(decoded)]  # Data order, nothing skipped or split.
-  for row, next_row in zip(rows, rows[1:]):
-    # A row ends only when the next example does not fit into it.
-    source, target = next_row[0]
-    assert (sum(len(s) for s, _ in row) + len(source) > 40
-            or sum(len(t) for _, t in row) + len(target) > 40)
-
-
-def test_packing_cuts_padding_on_dates():
-  def padding_fraction(pack):
-    dataset = _build(_small_dates(pack=pack))
-    batches = dataset.train_batches(batch_size=50, seed=0)
-    arrays = [next(batches) for _ in range(4)]
-    return {key: np.mean([(b[key] == 0).mean() for b in arrays]) for key in ('inputs', 'targets')}
-
-  packed, unpacked = padding_fraction(True), padding_fraction(False)
-  # Sources average ~18 tokens and targets 11 (with EOS) in rows of 64.
-  assert packed['inputs'] < 0.2 and unpacked['inputs'] > 0.65
-  assert packed['targets'] < 0.55 and unpacked['targets'] > 0.8
-
-
-def test_unpacked_rows_hold_one_example():
-  dataset = _build(_small_dates(pack=False))
-  batch = next(dataset.train_batches(batch_size=16, seed=0))
-  assert set(batch) == {'inputs', 'targets'}
-  assert ((batch['targets'] == text.EOS_ID).sum(axis=1) == 1).all()
-  assert ((batch['inputs'] == text.EOS_ID).sum(axis=1) == 1).all()
+# ------------------------------------------------------------------------------ train stream
 
 
 @pytest.mark.parametrize('shuffle_buffer', [0, 1, 50])
@@ -430,7 +356,7 @@ def test_files_long_lines_are_truncated_or_skipped_and_counted(tmp_path, caplog,
   if long_examples == 'truncate':
     assert [decode(r) for r in batch['inputs']] == ['short', 'x' * 9, 'also short'[:9]]
     assert [decode(r) for r in batch['targets']] == ['kurz', 'y' * 5, 'z' * 9]
-    assert (batch['inputs'][:, -1] == [0, text.EOS_ID, text.EOS_ID]).all()
+    assert (batch['inputs'][:, -1] == [0, tokenizers.EOS_ID, tokenizers.EOS_ID]).all()
   else:
     assert [decode(r) for r in batch['inputs']] == ['short']
     assert dataset.local_num_train_examples == 1
@@ -519,6 +445,6 @@ def test_config_mistakes_are_named():
 
 
 def test_importing_text_does_not_import_tensorflow():
-  code = ('import sys, vit_jax.data.text as m; m.default_config(); '
+  code = ('import sys, vit_jax.data.text, vit_jax.data.text_config as m; m.default_config(); '
           'assert "tensorflow" not in sys.modules, "tensorflow was imported"')
   subprocess.run([sys.executable, '-c', code], check=True)

@@ -1,4 +1,4 @@
-"""Translation input pipeline: config, `build`, tokenizers, and packed per-host batch iterators.
+"""The translation dataset: `build` and one host's packed train and eval batch iterators.
 
   ds = text.build(config.data, workdir=workdir)  # This host's share; the vocabulary is saved in
                                                  # (or reused from) workdir.
@@ -11,9 +11,9 @@
   ds.eval_texts()  # [(source text, target text)] in eval_batches order.
 
 Token id 0 is padding and id 1 ends every sequence (EOS). Each host holds its share of the data in
-memory as token ids, shuffles it each epoch, and packs examples into rows greedily and in order
-(an example goes into the current row when both its source and target fit, otherwise it starts the
-next row; examples are never split). Importing this module is cheap; `build` imports TensorFlow.
+memory as token ids, shuffles it each epoch, and packs examples into rows (`packing`). The config
+and its defaults are in `text_config`, the vocabulary in `vocabulary`, the sentences' sources in
+`text_sources`. Importing this module is cheap; `build` imports TensorFlow.
 """
 
 import itertools
@@ -21,299 +21,14 @@ from typing import Iterator
 
 from absl import logging
 import ml_collections
-from ml_collections import config_dict
 import numpy as np
 
-from vit_jax import errors, files, progress
-from vit_jax.data import checks, hosts, tokenizers
-from vit_jax.data.tokenizers import EOS_ID, PAD_ID  # Also text.EOS_ID, text.PAD_ID for callers.
-
-LONG_EXAMPLES = ('truncate', 'skip')
-_NUM_LINES_LOGGED = 5  # Line numbers named in a warning about skipped examples.
-
-
-def default_config() -> ml_collections.ConfigDict:
-  """Every text data knob with its default; defaults suit the embedded 'dates' task."""
-  config = ml_collections.ConfigDict()
-  # 'dates' (embedded, generated: written dates in 5 languages -> 'YYYY-MM-DD'), 'files'
-  # (train_files / eval_files), or a TFDS translation dataset ('wmt14_translate/de-en', ...).
-  config.dataset = 'dates'
-  # 'files': 'SRC,TGT', aligned sentence-per-line UTF-8 files (or .gz).
-  config.train_files = config_dict.placeholder(str)
-  config.eval_files = config_dict.placeholder(str)  # 'files': 'SRC,TGT' of the test set, likewise.
-  # TFDS: source feature ('en'); None: the dataset's first language.
-  config.source_language = config_dict.placeholder(str)
-  # TFDS: target feature ('de'); None: the dataset's second one.
-  config.target_language = config_dict.placeholder(str)
-  config.train_split = 'train'  # TFDS split ('train', 'train[:10%]'); dates: 'train' or 'test'.
-  config.test_split = 'test'  # TFDS: 'test' (wmt14: newstest2014), 'validation'; dates: 'test'.
-  # TFDS data_dir; None: TFDS's default ($TFDS_DATA_DIR or ~/...).
-  config.tfds_data_dir = config_dict.placeholder(str)
-  # Manually downloaded archives; None: TFDS's default.
-  config.tfds_manual_dir = config_dict.placeholder(str)
-  config.tfds_download = True  # Run download_and_prepare when not prepared (WMT: GBs, hours).
-  # Retries of each download, with exponential backoff (so offline, many take minutes to fail).
-  config.tfds_download_retries = 10
-  # 'chars' (the training text's characters), 'bytes' (UTF-8 bytes, 258 ids, no file) or
-  # 'sentencepiece' (unigram model trained on the training text). 'chars' and 'sentencepiece'
-  # are saved in the workdir (tokenizer_chars.json, tokenizer.model) and reused from there.
-  config.tokenizer = 'chars'
-  config.vocab_size = 8000  # sentencepiece: exact vocabulary size; chars: the most it may have.
-  config.vocabulary_sample = 100_000  # Train pairs (spread over the split) to build it on.
-  config.max_length = 64  # Train tokens per row and side, EOS included.
-  # Eval tokens per row and side, EOS included; None: max_length.
-  config.eval_max_length = config_dict.placeholder(int)
-  config.long_examples = 'truncate'  # Longer examples: 'truncate' (keep the start) or 'skip'.
-  config.pack = True  # Pack several train examples per row (adds segmentation and positions).
-  config.shuffle_buffer = 0  # 0: reshuffle everything each epoch; 1: keep the order; N: tf-style.
-  config.dates_train_size = 40_000  # dates: train examples (each a different date).
-  config.dates_test_size = 1_000  # dates: test examples (dates that are never in train).
-  config.dates_seed = 0  # dates: fixes both splits (which dates, formats and casings).
-  return config
-
-
-def _checked_config(config) -> ml_collections.ConfigDict:
-  """The defaults updated with `config`; unknown keys and out-of-range values raise ConfigError."""
-  check = checks.Checks(default_config(), config, 'text data config')
-  c = check.config
-  check.require(isinstance(c.dataset, str) and c.dataset, 'dataset',
-                "'dates', 'files' or a TFDS name")
-  check.require(c.tokenizer in tokenizers.TOKENIZERS, 'tokenizer',
-                f'one of {tokenizers.TOKENIZERS}')
-  check.require_int('vocab_size', 4, 'an int > 3')
-  check.require_int('vocabulary_sample', 1)
-  check.require_int('max_length', 2, 'an int >= 2 (a token and EOS)')
-  check.require(c.eval_max_length is None
-                or (checks.is_int(c.eval_max_length) and c.eval_max_length >= 2),
-                'eval_max_length', 'None or an int >= 2')
-  check.require_int('tfds_download_retries', 0)
-  check.require(c.long_examples in LONG_EXAMPLES, 'long_examples', f'one of {LONG_EXAMPLES}')
-  check.require(isinstance(c.pack, bool), 'pack', 'True or False')
-  check.require_int('shuffle_buffer', 0)
-  check.require_int('dates_train_size', 1)
-  check.require_int('dates_test_size', 1)
-  check.require_int('dates_seed', 0)
-  return check.result()
-
-
-# ------------------------------------------------------------------------------ Tokenizers
-
-
-def _checked_vocabulary(tokenizer, config: ml_collections.ConfigDict, path: str):
-  """Raises when a saved vocabulary does not match config.vocab_size."""
-  if tokenizer.kind == 'sentencepiece':
-    ok, wanted = tokenizer.vocab_size == config.vocab_size, 'exactly'
-  else:
-    ok, wanted = tokenizer.vocab_size <= config.vocab_size, 'at most'
-  if not ok:
-    raise errors.ConfigError(
-        f'{path} holds a {tokenizer.vocab_size}-id {tokenizer.kind} vocabulary, but '
-        f'config.data.vocab_size={config.vocab_size} asks for {wanted} that many: set '
-        f'vocab_size={tokenizer.vocab_size}, or delete the file (or use a new workdir) to build '
-        'a new vocabulary.')
-
-
-def load_tokenizer(config, workdir: str | None) -> tokenizers.Tokenizer:
-  """The tokenizer a run with this data config trained and saved in `workdir`.
-
-  Args:
-    config: the data ConfigDict (or dict) of the run; only `tokenizer` and `vocab_size` matter.
-    workdir: the run's directory; unused for the 'bytes' tokenizer.
-
-  Raises:
-    FileNotFoundError: 'chars' or 'sentencepiece' and no saved vocabulary in workdir.
-    ValueError: the saved vocabulary does not match config.vocab_size.
-  """
-  config = _checked_config(ml_collections.ConfigDict(config))
-  if config.tokenizer == 'bytes':
-    return tokenizers.ByteTokenizer()
-  path = tokenizers.vocabulary_path(config.tokenizer, workdir) if workdir else None
-  if path is None or not files.exists(path):
-    raise errors.MissingFileError(
-        f'No {config.tokenizer} tokenizer model in WORKDIR={workdir!r} (expected '
-        f'{tokenizers.VOCABULARY_FILES[config.tokenizer]} there): train first (training builds '
-        'the vocabulary and saves it in the workdir), or pass the training run\'s workdir.')
-  tokenizer = tokenizers.load(config.tokenizer, path)
-  _checked_vocabulary(tokenizer, config, path)
-  return tokenizer
-
-
-def _build_tokenizer(config: ml_collections.ConfigDict, workdir: str | None,
-                     source) -> tokenizers.Tokenizer:
-  """The vocabulary saved in workdir, or a new one from the train split (saved when possible)."""
-  if config.tokenizer == 'bytes':
-    return tokenizers.ByteTokenizer()
-  path = tokenizers.vocabulary_path(config.tokenizer, workdir) if workdir else None
-  if path and files.exists(path):
-    tokenizer = tokenizers.load(config.tokenizer, path)
-    _checked_vocabulary(tokenizer, config, path)
-    logging.info('Reusing the %d-id %s vocabulary in %s', tokenizer.vocab_size,
-                 config.tokenizer, path)
-    return tokenizer
-  # Every host builds it from the same sample of the whole train split, so all get the same ids;
-  # each writes the (identical) file, which also serves hosts without a shared workdir.
-  texts = source.vocabulary_texts(config.vocabulary_sample)
-  with progress.phase(f'Building a {config.tokenizer} vocabulary (at most '
-                      f'{config.vocab_size:,} ids) from {len(texts):,} sentences') as phase:
-    tokenizer = tokenizers.train(config.tokenizer, texts, config.vocab_size)
-    phase.result = f'{tokenizer.vocab_size:,} ids'
-  if path:
-    files.write_bytes_atomically(path, tokenizer.to_bytes())
-    logging.info('Built a %d-id %s vocabulary from %d sentences; saved it in %s',
-                 tokenizer.vocab_size, config.tokenizer, len(texts), path)
-  else:
-    logging.warning('Built a %d-id %s vocabulary from %d sentences, but there is no workdir to '
-                    'save it in: translating later needs the same vocabulary.',
-                    tokenizer.vocab_size, config.tokenizer, len(texts))
-  return tokenizer
-
-
-# ------------------------------------------------------------------------------ Token storage
-
-
-class _Side:
-  """Token ids of one side (sources or targets) of a split's examples, EOS not stored.
-
-  Attributes:
-    ids: int32 (total + 1,): every example's ids concatenated, then one spare 0.
-    starts: int64 (N,): where each example's ids start in `ids`.
-    raw_lengths: int64 (N,): tokens per example, without EOS, before truncation.
-  """
-
-  def __init__(self, tokenizer, texts):
-    ids, self.raw_lengths = tokenizer.encode_many(texts)
-    self.ids = np.append(ids, np.int32(PAD_ID)).astype(np.int32)
-    self.starts = np.cumsum(self.raw_lengths) - self.raw_lengths
-
-
-class _Examples:
-  """A split's examples kept after dropping empty (and, with 'skip', long) ones.
-
-  `source` and `target` hold the ids of every stored example; `kept` lists the stored examples in
-  use, and `source_lengths` / `target_lengths` their lengths in batches (truncated, EOS included).
-  """
-
-  def __init__(self, split, tokenizer, max_length: int, long_examples: str):
-    self.name = split.name
-    self.texts = list(zip(split.sources, split.targets))
-    self.source = _Side(tokenizer, split.sources)
-    self.target = _Side(tokenizer, split.targets)
-    num = len(self.texts)
-    empty = np.array([not (s.strip() and t.strip()) for s, t in self.texts], bool).reshape(num)
-    longest = np.maximum(self.source.raw_lengths, self.target.raw_lengths) + 1  # EOS included.
-    long = ~empty & (longest > max_length)
-    self.num_empty = int(empty.sum())
-    self.num_long = int(long.sum())
-    if self.num_empty:
-      logging.warning(
-          "Skipped %d of %d examples in this host's share of the %s whose source or target is "
-          'empty (e.g. lines %s).', self.num_empty, num, split.name,
-          split.line_numbers[empty][:_NUM_LINES_LOGGED].tolist())
-    if self.num_long:
-      action = 'Truncated' if long_examples == 'truncate' else 'Skipped'
-      logging.warning(
-          "%s %d of %d examples in this host's share of the %s that are longer than %d tokens "
-          '(source or target, EOS included; the longest has %d, e.g. lines %s). '
-          "config.data.long_examples ('truncate' or 'skip') chooses what happens to them; "
-          'or raise max_length.',
-          action, self.num_long, num, split.name, max_length, int(longest[long].max()),
-          split.line_numbers[long][:_NUM_LINES_LOGGED].tolist())
-    dropped = empty | long if long_examples == 'skip' else empty
-    self.kept = np.flatnonzero(~dropped)  # (K,)
-    # Lengths in batches, per kept example: at most max_length - 1 tokens, then EOS.
-    self.source_lengths = np.minimum(self.source.raw_lengths[self.kept], max_length - 1) + 1
-    self.target_lengths = np.minimum(self.target.raw_lengths[self.kept], max_length - 1) + 1
-
-  def __len__(self):
-    return len(self.kept)
-
-
-def _fill(side: _Side, examples: np.ndarray, lengths: np.ndarray, row_of: np.ndarray,
-          segment: np.ndarray, batch_size: int, max_length: int) -> dict[str, np.ndarray]:
-  """Writes examples (stored ids) into rows, each after the previous ones of its row.
-
-  Args:
-    side: where the ids come from.
-    examples: int (n,) stored example ids, grouped by row, in row order.
-    lengths: int (n,) tokens each takes, EOS included.
-    row_of: int (n,) the row of each example.
-    segment: int (n,) 1, 2, ... within each row.
-    batch_size: rows.
-    max_length: tokens per row.
-
-  Returns:
-    {'tokens', 'segmentation', 'position'}: int32 (batch_size, max_length), 0 on padding.
-  """
-  ends = np.cumsum(lengths)
-  starts = ends - lengths  # Where each example starts in all examples' tokens concatenated.
-  first_of_row = np.arange(len(examples)) - (segment - 1)  # Its row's first example, per example.
-  column = starts - starts[first_of_row]  # Where each example starts in its row.
-  position = np.arange(ends[-1] if len(ends) else 0) - np.repeat(starts, lengths)  # (T,)
-  from_ids = np.minimum(np.repeat(side.starts[examples], lengths) + position, len(side.ids) - 1)
-  is_eos = position == np.repeat(lengths - 1, lengths)
-  rows, columns = np.repeat(row_of, lengths), np.repeat(column, lengths) + position
-  arrays = {key: np.zeros((batch_size, max_length), np.int32)
-            for key in ('tokens', 'segmentation', 'position')}
-  arrays['tokens'][rows, columns] = np.where(is_eos, EOS_ID, side.ids[from_ids])
-  arrays['segmentation'][rows, columns] = np.repeat(segment, lengths)
-  arrays['position'][rows, columns] = position
-  return arrays
-
-
-def _batch(examples: _Examples, rows: list[np.ndarray], max_length: int,
-           packed: bool) -> dict[str, np.ndarray]:
-  """Rows of kept-example indices (some may be empty) -> a dict of (len(rows), max_length)."""
-  counts = np.array([len(r) for r in rows], np.int64)
-  chosen = np.concatenate(rows).astype(np.int64) if counts.sum() else np.zeros(0, np.int64)
-  row_of = np.repeat(np.arange(len(rows)), counts)
-  segment = np.arange(len(chosen)) - np.repeat(np.cumsum(counts) - counts, counts) + 1
-  batch = {}
-  for key, side, lengths in (('inputs', examples.source, examples.source_lengths),
-                             ('targets', examples.target, examples.target_lengths)):
-    filled = _fill(side, examples.kept[chosen], lengths[chosen], row_of, segment, len(rows),
-                   max_length)
-    batch[key] = filled['tokens']
-    if packed:
-      batch[key + '_segmentation'] = filled['segmentation']
-      batch[key + '_position'] = filled['position']
-  return batch
-
-
-def _pack(source_lengths: np.ndarray, target_lengths: np.ndarray, max_length: int) -> np.ndarray:
-  """Row boundaries (R + 1,) of greedy in-order packing: row r holds examples [b[r], b[r+1])."""
-  bounds = [0]
-  used_source = used_target = 0
-  for index, (source, target) in enumerate(zip(source_lengths.tolist(),
-                                               target_lengths.tolist())):
-    if used_source + source > max_length or used_target + target > max_length:
-      bounds.append(index)
-      used_source = used_target = 0
-    used_source += source
-    used_target += target
-  bounds.append(len(source_lengths))
-  return np.array(bounds if len(source_lengths) else [0], np.int64)
-
-
-def _buffer_shuffled(num: int, buffer_size: int, rng: np.random.Generator) -> np.ndarray:
-  """range(num) through a shuffle buffer of buffer_size, as tf.data.Dataset.shuffle does it."""
-  buffer = list(range(min(buffer_size, num)))
-  upcoming = len(buffer)
-  order = []
-  for draw in rng.random(num).tolist():
-    slot = int(draw * len(buffer))
-    order.append(buffer[slot])
-    if upcoming < num:
-      buffer[slot] = upcoming
-      upcoming += 1
-    else:
-      buffer[slot] = buffer[-1]
-      buffer.pop()
-  return np.array(order, np.int64)
+from vit_jax import errors, progress
+from vit_jax.data import checks, hosts, packing, text_config, vocabulary
 
 
 def _check_batch_size(batch_size):
-  is_int = isinstance(batch_size, (int, np.integer)) and not isinstance(batch_size, bool)
-  if not is_int or batch_size < 1:
+  if not checks.is_int(batch_size) or batch_size < 1:
     raise errors.ConfigError(f'batch_size={batch_size!r} must be an int >= 1.')
 
 
@@ -344,8 +59,10 @@ class TextDataset:
     self.eval_max_length = config.eval_max_length or config.max_length
     with progress.phase(f'Tokenizing {len(source.train.sources):,} train and '
                         f'{len(source.test.sources):,} test pairs'):
-      self._train = _Examples(source.train, tokenizer, self.max_length, config.long_examples)
-      self._test = _Examples(source.test, tokenizer, self.eval_max_length, config.long_examples)
+      self._train = packing.Examples(source.train, tokenizer, self.max_length,
+                                     config.long_examples)
+      self._test = packing.Examples(source.test, tokenizer, self.eval_max_length,
+                                    config.long_examples)
     self._max_local_test_examples = source.test.max_local_examples
     self.num_train_examples = source.train.num_examples
     self.num_test_examples = source.test.num_examples
@@ -371,7 +88,7 @@ class TextDataset:
     rng = np.random.default_rng([seed & 0xFFFFFFFF, self._process_index, epoch])
     if buffer_size == 0 or buffer_size >= num:
       return rng.permutation(num)
-    return _buffer_shuffled(num, buffer_size, rng)
+    return packing.buffer_shuffled(num, buffer_size, rng)
 
   def _rows(self, seed: int, start_row: int) -> Iterator[np.ndarray]:
     """Endless rows (arrays of kept-example indices), from row `start_row` of the stream.
@@ -382,8 +99,8 @@ class TextDataset:
     for epoch in itertools.count():
       order = self._epoch_order(seed, epoch)
       if self.config.pack:
-        bounds = _pack(examples.source_lengths[order], examples.target_lengths[order],
-                       self.max_length)
+        bounds = packing.pack(examples.source_lengths[order],
+                              examples.target_lengths[order], self.max_length)
       else:
         bounds = np.arange(len(order) + 1)
       num_rows = len(bounds) - 1
@@ -414,7 +131,7 @@ class TextDataset:
           f"{self.max_length} with long_examples={self.config.long_examples!r}).")
     rows = self._rows(seed, start_step * batch_size)
     while True:
-      yield _batch(self._train, list(itertools.islice(rows, batch_size)), self.max_length,
+      yield packing.batch(self._train, list(itertools.islice(rows, batch_size)), self.max_length,
                    self.config.pack)
 
   def num_eval_batches(self, batch_size: int) -> int:
@@ -434,7 +151,7 @@ class TextDataset:
     rows = examples + [np.zeros(0, np.int64)] * (num_rows - len(examples))
     for start in range(0, num_rows, batch_size):
       batch_rows = rows[start:start + batch_size]
-      batch = _batch(self._test, batch_rows, self.eval_max_length, packed=False)
+      batch = packing.batch(self._test, batch_rows, self.eval_max_length, packed=False)
       batch['mask'] = np.array([len(r) > 0 for r in batch_rows], np.float32)
       yield batch
 
@@ -448,10 +165,11 @@ class TextDataset:
 
 def build(config, workdir: str | None = None, process_index: int | None = None,
           process_count: int | None = None) -> TextDataset:
-  """Builds the translation pipeline described by `config` (see default_config) for one host.
+  """Builds the translation pipeline described by `config` for one host.
 
   Args:
-    config: the data ConfigDict (or dict); missing keys take default_config()'s values.
+    config: the data ConfigDict (or dict); missing keys take text_config.default_config()'s
+      values.
     workdir: where the 'chars' / 'sentencepiece' vocabulary is saved, or reused from when it is
       there already; None: build it and keep it in memory only.
     process_index: this host's index; None: jax.process_index().
@@ -466,10 +184,10 @@ def build(config, workdir: str | None = None, process_index: int | None = None,
     RuntimeError: a TFDS dataset that is not prepared and cannot be prepared here.
   """
   process_index, process_count = hosts.resolve_host(process_index, process_count)
-  config = _checked_config(ml_collections.ConfigDict(config))
+  config = text_config.checked_config(ml_collections.ConfigDict(config))
   from vit_jax.data import text_sources  # pylint: disable=g-import-not-at-top
   source = text_sources.load(config, process_index, process_count)
-  tokenizer = _build_tokenizer(config, workdir, source)
+  tokenizer = vocabulary.build_tokenizer(config, workdir, source)
   dataset = TextDataset(config, source, tokenizer, process_index, process_count)
   if not dataset.local_num_train_examples:
     raise errors.ConfigError(

@@ -8,7 +8,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from vit_jax import errors, models, progress
-from vit_jax.data import images, text
+from vit_jax.data import images, text_config
 from vit_jax.models import registry
 from vit_jax.train import optim
 
@@ -118,7 +118,7 @@ def classification_config(model: str = 'ViT-B_16') -> ml_collections.ConfigDict:
 
 def translation_config(model: str = 'Transformer-base') -> ml_collections.ConfigDict:
   config = _common_config('translation', model)
-  config.data = text.default_config()  # Corpus, tokenizer, lengths, packing.
+  config.data = text_config.default_config()  # Corpus, tokenizer, lengths, packing.
   config.batch_size = 256  # Global training batch in (packed) rows.
   config.eval_batch_size = 256  # Global eval batch; the last partial batch is masked.
   config.total_steps = 100_000  # Optimizer updates.

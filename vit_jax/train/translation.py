@@ -14,7 +14,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import decode, progress
-from vit_jax.data import text
+from vit_jax.data import text, tokenizers, vocabulary
 from vit_jax.train import checkpointing, config as config_lib, distributed
 from vit_jax.train.classification import cross_entropy
 
@@ -31,7 +31,7 @@ def encode_lines(tokenizer, lines: list[str], max_length: int) -> np.ndarray:
   """Token ids (len(lines), max_length), EOS-terminated, truncated to fit."""
   rows = np.zeros((len(lines), max_length), np.int32)
   for i, line in enumerate(lines):
-    ids = list(tokenizer.encode(line))[:max_length - 1] + [text.EOS_ID]
+    ids = list(tokenizer.encode(line))[:max_length - 1] + [tokenizers.EOS_ID]
     rows[i, :len(ids)] = ids
   return rows
 
@@ -178,7 +178,7 @@ def _read_lines(config) -> Iterable[str]:
 
 def translate(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   """Translates lines from `config.input_file` or stdin to stdout with the latest checkpoint."""
-  tokenizer = text.load_tokenizer(config.data, workdir)
+  tokenizer = vocabulary.load_tokenizer(config.data, workdir)
   model = config_lib.build_model(config.model, vocab_size=tokenizer.vocab_size)
   params, _ = checkpointing.restore_params(workdir)
   outputs = Translator(model, params, tokenizer, config).translate(list(_read_lines(config)))

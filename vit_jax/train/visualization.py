@@ -59,13 +59,13 @@ def _image_attention(config, workdir: str, output_dir: str) -> list[str]:
 
 
 def _cross_attention(config, workdir: str, output_dir: str) -> list[str]:
-  from vit_jax.data import text  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import text, vocabulary  # pylint: disable=g-import-not-at-top
   from vit_jax.train import translation  # pylint: disable=g-import-not-at-top
   sentences = _split_inputs(config.visualize.inputs)
   if not sentences:
     pairs = text.build(config.data, workdir=workdir).eval_texts()
     sentences = [source for source, _ in pairs[:config.visualize.num_examples]]
-  tokenizer = text.load_tokenizer(config.data, workdir)
+  tokenizer = vocabulary.load_tokenizer(config.data, workdir)
   model = train_config.build_model(config.model, vocab_size=tokenizer.vocab_size)
   params, _ = checkpointing.restore_params(workdir)
   translator = translation.Translator(model, params, tokenizer, config)
