@@ -13,7 +13,7 @@ import optax
 from vit_jax import checkpoint as weights
 from vit_jax import errors, files, progress
 from vit_jax.data import class_names, images
-from vit_jax.train import checkpointing, config as config_lib
+from vit_jax.train import checkpointing, config as config_lib, task
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0) -> jax.Array:
@@ -46,17 +46,13 @@ def load_weights(path: str, init_params: Any, reinit_head: bool = False,
                                  reinit_head=reinit_head, source_name=path)
 
 
-class ClassificationTask:
+class ClassificationTask(task.BatchedTask):
   """Model, data, loss and metrics of image classification."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    self.config = config
-    self.data = images.build(config.data)
+    super().__init__(config, images.build(config.data))
     if self.data.class_names and jax.process_index() == 0:
       class_names.save(workdir, self.data.class_names)  # For trainer=predict.
-    process_count = jax.process_count()
-    self.local_batch_size = config.batch_size // process_count
-    self.local_eval_batch_size = config.eval_batch_size // process_count
     self.model = config_lib.build_model(config.model, num_classes=self.data.num_classes)
     self.distilled = self.model.classifier == 'token_distill'
     self.teacher = None
@@ -133,14 +129,4 @@ class ClassificationTask:
   def extra_eval(self, params) -> dict:
     del params
     return {}
-
-  def train_batches(self, start_step):
-    return self.data.train_batches(self.local_batch_size, seed=self.config.seed,
-                                   start_step=start_step)
-
-  def eval_batches(self):
-    return self.data.eval_batches(self.local_eval_batch_size)
-
-  def num_eval_batches(self):
-    return self.data.num_eval_batches(self.local_eval_batch_size)
 

@@ -15,8 +15,9 @@ import numpy as np
 
 from vit_jax import decode, progress
 from vit_jax.data import text, tokenizers, vocabulary
-from vit_jax.train import checkpointing, config as config_lib, distributed
+from vit_jax.train import checkpointing, config as config_lib, distributed, task
 from vit_jax.train.classification import cross_entropy
+
 
 def _packing_kwargs(batch: dict) -> dict:
   if 'inputs_segmentation' not in batch:
@@ -84,16 +85,12 @@ def text_metrics(hypotheses: list[str], references: list[str]) -> dict:
   return {'bleu': float(bleu), 'exact_match': float(exact)}
 
 
-class TranslationTask:
+class TranslationTask(task.BatchedTask):
   """Model, data, loss and metrics of translation."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
-    self.config = config
-    self.data = text.build(config.data, workdir=workdir)
+    super().__init__(config, text.build(config.data, workdir=workdir))
     self.tokenizer = self.data.tokenizer
-    process_count = jax.process_count()
-    self.local_batch_size = config.batch_size // process_count
-    self.local_eval_batch_size = config.eval_batch_size // process_count
     self.model = config_lib.build_model(config.model, vocab_size=self.tokenizer.vocab_size)
     self._translator = None  # Built by the first `extra_eval`.
 
@@ -157,16 +154,6 @@ class TranslationTask:
     hypotheses = distributed.allgather_texts(hypotheses)
     return {**text_metrics(hypotheses, distributed.allgather_texts(references)),
             'num_decoded': float(len(hypotheses))}
-
-  def train_batches(self, start_step):
-    return self.data.train_batches(self.local_batch_size, seed=self.config.seed,
-                                   start_step=start_step)
-
-  def eval_batches(self):
-    return self.data.eval_batches(self.local_eval_batch_size)
-
-  def num_eval_batches(self):
-    return self.data.num_eval_batches(self.local_eval_batch_size)
 
 
 def _read_lines(config) -> Iterable[str]:
