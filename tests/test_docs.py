@@ -217,7 +217,7 @@ def _with_overrides(command: str, extra: str) -> str:
 
 def _save_vit_npz(path: pathlib.Path, image_size: int = 224, **narrow):
   import jax  # pylint: disable=g-import-not-at-top
-  from vit_jax import checkpoint, models  # pylint: disable=g-import-not-at-top
+  from vit_jax import models, weights  # pylint: disable=g-import-not-at-top
   model = models.get_model('ViT-B_16', num_classes=1000, **narrow)
   shapes = jax.eval_shape(lambda: model.init(jax.random.key(0),
                                              np.zeros((1, image_size, image_size, 3))))
@@ -225,7 +225,7 @@ def _save_vit_npz(path: pathlib.Path, image_size: int = 224, **narrow):
   params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32),
                         shapes['params'])
   path.parent.mkdir(parents=True, exist_ok=True)
-  checkpoint.save_npz(path, checkpoint.canonicalize(params))
+  weights.save_npz(path, weights.canonicalize(params))
 
 
 NARROW_FIELDS = dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1)

@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 from helpers import override, user_error
 
-from vit_jax import checkpoint as weights
-from vit_jax import main, models
+from vit_jax import main, models, weights
 from vit_jax.train import config as config_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

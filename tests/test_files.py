@@ -12,8 +12,7 @@ import pytest
 from PIL import Image
 from helpers import override
 
-from vit_jax import checkpoint as weights
-from vit_jax import files, main, models
+from vit_jax import files, main, models, weights
 from vit_jax.data import sources
 from vit_jax.train import config as config_lib
 

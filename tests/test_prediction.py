@@ -13,8 +13,7 @@ import pytest
 from PIL import Image
 from helpers import override
 
-from vit_jax import checkpoint as weights
-from vit_jax import main, models
+from vit_jax import main, models, weights
 from vit_jax.data import class_names, images, sources
 from vit_jax.train import checkpointing, config as config_lib, prediction
 

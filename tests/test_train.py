@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 from helpers import malloc_arenas_after, override, read_metrics
 
-from vit_jax import checkpoint as weights
-from vit_jax import main, models, utils
+from vit_jax import main, models, utils, weights
 from vit_jax.data import images
 from vit_jax.train import checkpointing
 from vit_jax.train import config as config_lib

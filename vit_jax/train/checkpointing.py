@@ -18,8 +18,7 @@ import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vit_jax import errors, files
-from vit_jax import checkpoint as weights
+from vit_jax import errors, files, weights
 
 _STEP = re.compile(r'\d+')
 _UPLOADED = '.uploaded-{step}'  # Beside an uploaded step directory: it is complete.

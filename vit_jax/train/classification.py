@@ -10,8 +10,7 @@ import jax.numpy as jnp
 import ml_collections
 import optax
 
-from vit_jax import checkpoint as weights
-from vit_jax import errors, files, progress
+from vit_jax import errors, files, progress, weights
 from vit_jax.data import class_names, images
 from vit_jax.train import checkpointing, config as config_lib, task
 

@@ -13,15 +13,13 @@ WORKDIR/class_names.json (saved at training) or from the dataset's name
 """
 
 import json
-import math
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from vit_jax import checkpoint as weights
-from vit_jax import errors, files, progress
+from vit_jax import errors, files, progress, weights
 from vit_jax.data import class_names as class_names_lib
 from vit_jax.data import images as image_data
 from vit_jax.models.vit import stem_stride
@@ -70,12 +68,8 @@ def _num_classes(params) -> int:
 
 def _checkpoint_image_size(flat: dict, model) -> int | None:
   """The square image size that a checkpoint's position embedding was trained at."""
-  if weights.POSEMB not in flat:
-    return None
-  grid = flat[weights.POSEMB].shape[1] - sum(token in flat for token in weights.EXTRA_TOKENS)
-  side = math.isqrt(grid)
-  pixels = model.patch_size[0] * stem_stride(model.resnet_layers)
-  return side * pixels if side * side == grid else None
+  side = weights.posemb_side(flat)
+  return side * model.patch_size[0] * stem_stride(model.resnet_layers) if side else None
 
 
 def load_model_and_params(config: ml_collections.ConfigDict, workdir: str | None):

@@ -1,0 +1,137 @@
+"""Weight files: `.npz` (published layout), `.safetensors` (timm) and orbax workdirs.
+
+Files are read from local paths, http(s) URLs and tf.io.gfile paths (gs://...)
+through `vit_jax.files`, and written all or nothing (temporary file + rename).
+"""
+
+import io
+import os
+import shutil
+import tempfile
+import zipfile
+from typing import Any, Mapping
+
+import numpy as np
+import safetensors.numpy
+
+from vit_jax import errors, files
+from vit_jax.weights.layout import as_float32, flatten_params, unflatten_params
+
+
+def load_npz(path: str | os.PathLike) -> dict[str, Any]:
+  """Nested float32 params from an `.npz` whose keys are '/'-joined parameter paths.
+
+  Reads local paths, http(s) URLs and tf.io.gfile paths (gs://...). The
+  arrays are returned as stored (no renaming); see `layout.canonicalize`.
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: the file is not a readable `.npz` (truncated or corrupt).
+  """
+  path = os.fspath(path)
+  if not files.is_remote(path) and not os.path.exists(path):
+    raise errors.MissingFileError(f'Checkpoint {path} does not exist.')
+  try:
+    source = io.BytesIO(files.read_bytes(path)) if files.is_remote(path) else path
+    archive = np.load(source, allow_pickle=False)
+    if not isinstance(archive, np.lib.npyio.NpzFile):
+      raise ValueError('it holds a single array (.npy), not named arrays')
+    with archive:
+      flat = {name: as_float32(name, archive[name]) for name in archive.files}
+  except errors.MissingFileError:
+    raise
+  except (IsADirectoryError, PermissionError):
+    raise
+  except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
+    raise errors.BadFileError(f'Cannot read checkpoint {path}: {type(e).__name__}: {e}. The '
+                              'file is truncated or corrupt, or not an .npz; download or '
+                              'write it again.') from e
+  if not flat:
+    raise errors.BadFileError(f'Checkpoint {path} holds no arrays.')
+  return unflatten_params(flat)
+
+
+def save_npz(path: str | os.PathLike, params: Mapping[str, Any], *,
+             overwrite: bool = False) -> None:
+  """Writes `params` (nested or flat) as an `.npz` keyed by '/'-joined paths, in float32.
+
+  The file appears complete or not at all (temporary file + rename). Names
+  are written as given: use `layout.canonicalize` first for the published numbering.
+
+  Raises:
+    FileExistsError: `path` exists and `overwrite` is False.
+  """
+  flat = {name: np.ascontiguousarray(as_float32(name, value))
+          for name, value in flatten_params(params).items()}
+
+  def write(tmp_path):
+    with open(tmp_path, 'wb') as f:
+      np.savez(f, **flat)
+
+  files.write_atomically(path, write, overwrite=overwrite)
+
+
+def save_safetensors(path: str | os.PathLike, state_dict: Mapping[str, Any], *,
+                     overwrite: bool = False) -> None:
+  """Writes {name: array} as `.safetensors` (all or nothing: temp file + rename).
+
+  Raises:
+    FileExistsError: `path` exists and `overwrite` is False.
+  """
+  tensors = {name: np.ascontiguousarray(value) for name, value in state_dict.items()}
+  files.write_atomically(
+      path, lambda tmp: safetensors.numpy.save_file(tensors, tmp, metadata={'format': 'pt'}),
+      overwrite=overwrite)
+
+
+def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
+  """{name: array} from a `.safetensors` file (local, http(s) or tf.io.gfile path).
+
+  Raises:
+    FileNotFoundError: no such file.
+    ValueError: the file is truncated or corrupt.
+  """
+  path = os.fspath(path)
+  if not files.is_remote(path) and not os.path.isfile(path):
+    raise errors.MissingFileError(f'Checkpoint {path} does not exist.')
+  try:
+    if files.is_remote(path):
+      return safetensors.numpy.load(files.read_bytes(path))
+    return safetensors.numpy.load_file(path)
+  except Exception as e:  # safetensors raises its own SafetensorError.
+    raise errors.BadFileError(f'Cannot read checkpoint {path}: {type(e).__name__}: {e}. The file '
+                              'is truncated or corrupt, or not .safetensors; download or write '
+                              'it again.') from e
+
+
+def read_orbax(path: str) -> dict:
+  """The params of the latest orbax checkpoint in the workdir `path` (nested, numpy)."""
+  from vit_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(os.path.join(path, 'checkpoints')):
+    raise errors.ConfigError(f'{path} is not a vit_jax workdir: it has no checkpoints/ directory.')
+  return checkpointing.restore_params(path)[0]
+
+
+def write_orbax(path: str, params: Mapping[str, Any], *, overwrite: bool = False) -> None:
+  """Writes `params` as a workdir holding one orbax checkpoint, PATH/checkpoints/0.
+
+  The result loads with `--config.pretrained=PATH`. It is built beside `path`
+  and renamed into place, so a failure leaves `path` as it was.
+  """
+  from vit_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
+  path = os.path.abspath(path)
+  if os.path.exists(path) and not overwrite:
+    raise FileExistsError(f'{path} already exists; pass --overwrite to replace it.')
+  parent = os.path.dirname(path)
+  if not os.path.isdir(parent):
+    raise errors.MissingFileError(f'Cannot write {path}: directory {parent} does not exist.')
+  staging = tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(path)}.')
+  try:
+    writer = checkpointing.Checkpointer(staging, keep=1)
+    writer.save(0, {'params': unflatten_params(dict(params))})
+    writer.close()
+    if os.path.exists(path):
+      shutil.rmtree(path)
+    os.replace(staging, path)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
