@@ -12,7 +12,7 @@ from helpers import malloc_arenas_after
 
 from vit_jax import benchmark, models
 from vit_jax.models import attention
-from vit_jax.utils import count_flops
+from vit_jax.flops import count_flops
 
 # One layer keeps the compiles short.
 TINY_VIT = ['--model', 'ViT-testing', '--num-layers', '1', '--resolution', '16', '--batch',

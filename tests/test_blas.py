@@ -11,7 +11,7 @@ import pytest
 
 from vit_jax import models
 from vit_jax.kernels import blas
-from vit_jax.utils import count_flops
+from vit_jax.flops import count_flops
 
 try:
   BLAS = blas.load()

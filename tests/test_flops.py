@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import models
-from vit_jax.utils import count_flops
+from vit_jax.flops import count_flops
 
 INPUTS = jax.ShapeDtypeStruct((32, 1024, 512), jnp.float32)  # (batch, tokens, width)
 

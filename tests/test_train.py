@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from helpers import malloc_arenas_after, override, read_metrics
 
-from vit_jax import main, models, utils, weights
+from vit_jax import main, models, runtime, weights
 from vit_jax.data import images
 from vit_jax.train import checkpointing
 from vit_jax.train import config as config_lib
@@ -180,15 +180,15 @@ def test_jax_runs_on_cpu_follows_jax_platforms(platforms, on_cpu):
   saved = jax.config.jax_platforms
   try:
     jax.config.update('jax_platforms', platforms)
-    assert utils.jax_runs_on_cpu() == on_cpu
+    assert runtime.jax_runs_on_cpu() == on_cpu
   finally:
     jax.config.update('jax_platforms', saved)
 
 
 def test_jax_runs_on_cpu_without_jax_platforms_matches_the_backend():
   env = {k: v for k, v in os.environ.items() if k != 'JAX_PLATFORMS'}
-  code = ('import jax; from vit_jax import utils; '
-          "print(utils.jax_runs_on_cpu(), jax.default_backend() == 'cpu')")
+  code = ('import jax; from vit_jax import runtime; '
+          "print(runtime.jax_runs_on_cpu(), jax.default_backend() == 'cpu')")
   out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, env=env)
   assert out.returncode == 0, out.stderr
   predicted, actual = out.stdout.split()[-2:]

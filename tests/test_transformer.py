@@ -7,7 +7,7 @@ import pytest
 from helpers import cached_teacher_forced_logits
 
 from vit_jax import models
-from vit_jax.utils import count_flops
+from vit_jax.flops import count_flops
 
 VOCAB = 23
 

@@ -29,7 +29,7 @@ the matching timm model, loaded with the same weights through
 `vit_jax.convert.to_timm`, runs in the same process on the same inputs, and the two
 alternate in rounds so that background load hits both alike.
 
-FLOPs: `vit_jax.utils.count_flops` counts multiply-adds of the jitted function
+FLOPs: `vit_jax.flops.count_flops` counts multiply-adds of the jitted function
 (the whole train step in train mode); achieved FLOP/s and MFU use 2 FLOPs per
 multiply-add, as the peak figures do. MFU needs a peak: `--peak-tflops`, or the
 table `PEAK_TFLOPS` by device kind; on CPUs it is left blank.
@@ -50,7 +50,7 @@ line shows what ran. FLOPs on the BLAS count like XLA's.
 
 On CPUs, as in the trainer (`config.tune_malloc`), glibc is told to keep freed
 memory, so that XLA's temporary buffer is not freshly mapped (and page-faulted) at
-every step; see `vit_jax.utils.tune_malloc`. It applies to the whole process, timm
+every step; see `vit_jax.runtime.tune_malloc`. It applies to the whole process, timm
 included; `--no-tune-malloc` measures without it.
 """
 
@@ -73,8 +73,8 @@ from vit_jax import errors, models
 from vit_jax.kernels import blas
 from vit_jax.models.attention import ATTENTION_IMPLEMENTATIONS, resolve_attention_impl
 from vit_jax.train import loop, optim
-from vit_jax import utils
-from vit_jax.utils import count_flops
+from vit_jax import runtime
+from vit_jax.flops import count_flops
 
 # Dense peak TFLOP/s (bfloat16, float32) by device kind, first match wins. GPU float32
 # figures are TF32 tensor-core peaks (XLA's default precision for float32 dots on
@@ -960,8 +960,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.compare:  # Leave GPU memory to torch: JAX would take 75% of it at start-up.
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   if args.tune_malloc is None:  # Decided before JAX starts its threads (see tune_malloc).
-    args.tune_malloc = utils.jax_runs_on_cpu()
-  if args.tune_malloc and not utils.tune_malloc():
+    args.tune_malloc = runtime.jax_runs_on_cpu()
+  if args.tune_malloc and not runtime.tune_malloc():
     print('note: --tune-malloc needs glibc (Linux); running without it.', file=sys.stderr)
     args.tune_malloc = False
   try:

@@ -14,7 +14,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vit_jax import errors, utils
+from vit_jax import errors, runtime
 from vit_jax.train import distributed, flag_errors
 
 # Without --config, the config saved in --workdir by an earlier run (flag_errors.parse_flags
@@ -45,7 +45,7 @@ _DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
 
 def tune_malloc_for(config) -> None:
   """Applies `config.tune_malloc` on CPU runs; call before JAX or TF start threads."""
-  if config.get('tune_malloc') and utils.jax_runs_on_cpu() and not utils.tune_malloc():
+  if config.get('tune_malloc') and runtime.jax_runs_on_cpu() and not runtime.tune_malloc():
     logging.warning('config.tune_malloc needs glibc (Linux); running without it.')
 
 

@@ -1,11 +1,6 @@
-"""Small utilities: FLOP counting from the traced program, glibc malloc tuning."""
+"""Multiply-adds of a traced function: matrix products, convolutions, BLAS and cuDNN calls."""
 
-import ctypes
-import importlib.metadata
-import importlib.util
 import math
-import pkgutil
-import sys
 from typing import Any, Callable
 
 import jax
@@ -111,50 +106,3 @@ def count_flops(fn: Callable, *args, **kwargs) -> int:
   """
   closed = jax.make_jaxpr(lambda *a: fn(*a, **kwargs))(*args)
   return _jaxpr_flops(closed.jaxpr)
-
-
-def jax_runs_on_cpu() -> bool:
-  """Whether JAX's default backend is (or will be) the CPU, without starting it.
-
-  True when JAX_PLATFORMS (or `jax.config.jax_platforms`) names 'cpu' first, or
-  when it is unset and no accelerator plugin (CUDA, ROCm, TPU, ...) is installed.
-  An installed plugin counts as an accelerator even where its device is missing.
-  """
-  platforms = jax.config.jax_platforms
-  if platforms:
-    return platforms.split(',')[0].strip() == 'cpu'
-  # How JAX finds its plugins: modules in the `jax_plugins` namespace package,
-  # entry points of the group 'jax_plugins', and the `libtpu` package.
-  try:
-    import jax_plugins  # pylint: disable=g-import-not-at-top
-    plugins = list(pkgutil.iter_modules(jax_plugins.__path__))
-  except ImportError:
-    plugins = []
-  plugins += list(importlib.metadata.entry_points(group='jax_plugins'))
-  return not plugins and importlib.util.find_spec('libtpu') is None
-
-
-def tune_malloc() -> bool:
-  """Makes glibc keep and reuse freed memory: one arena, no mmap, no trimming.
-
-  XLA:CPU allocates each execution's temporary buffer (GBs in training) with
-  `posix_memalign`, which glibc serves with a fresh `mmap`: every step then
-  page-faults the whole buffer in again. Call it first thing, before JAX's
-  backend (or TF, or torch) starts its threads: glibc fixes its arena limit
-  when it first makes an arena for a new thread, so a later call leaves one
-  arena per thread.
-  Measured on a ViT-S/16 train step (2-core Xeon): 1.87 s tuned before the
-  backend starts, 2.37 s tuned after it, 2.39 s untuned. `python -m
-  vit_jax.main` and the benchmark call it at start-up on CPU runs. Returns
-  whether it applied (glibc only).
-  """
-  if not sys.platform.startswith('linux'):
-    return False
-  try:
-    libc = ctypes.CDLL('libc.so.6')
-  except OSError:
-    return False
-  m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8  # From glibc's malloc.h.
-  # A trim threshold of -1 disables trimming (see `man mallopt`).
-  return all(libc.mallopt(option, value) == 1 for option, value in (
-      (m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, -1)))
