@@ -1,0 +1,194 @@
+"""The command line: flags, the benchmark they select, the title line, the JSON file.
+
+`--xla-option NAME=VALUE` (repeatable) compiles everything we measure with that XLA option,
+e.g. `--xla-option xla_cpu_experimental_ynn_fusion_type=` runs XLA:CPU's dots on Eigen
+instead of YNNPACK; comparing ours/timm across runs shows what an option is worth.
+
+`--matmul` chooses who multiplies the float32 matrices of the Dense layers: 'xla'
+(XLA:CPU's own kernels), 'blas' (MKL or OpenBLAS through `vit_jax.kernels.blas`) or
+'auto' (the models' default: MKL on Intel CPUs where it is installed). The title
+line shows what ran. FLOPs on the BLAS count like XLA's.
+
+On CPUs, as in the trainer (`config.tune_malloc`), glibc is told to keep freed
+memory, so that XLA's temporary buffer is not freshly mapped (and page-faulted) at
+every step; see `vit_jax.runtime.tune_malloc`. It applies to the whole process, timm
+included; `--no-tune-malloc` measures without it.
+"""
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Sequence
+
+from vit_jax import errors, runtime
+from vit_jax.benchmark import report as report_lib
+from vit_jax.benchmark import timing
+from vit_jax.benchmark.attention_memory import benchmark_attention_memory
+from vit_jax.benchmark.compile_depth import benchmark_compile_depth
+from vit_jax.benchmark.seq2seq import benchmark_seq2seq
+from vit_jax.benchmark.steps import DTYPES
+from vit_jax.benchmark.vit import benchmark_vit
+from vit_jax.kernels import blas
+from vit_jax.models.attention import ATTENTION_IMPLEMENTATIONS, resolve_attention_impl
+
+
+def _attention_name(args) -> str:
+  """The --attention choice, with the kernel it resolves to when that differs."""
+  kernel = resolve_attention_impl(args.attention, dtype=DTYPES[args.dtype], matmul=args.matmul)
+  return args.attention if kernel == args.attention else f'{args.attention} ({kernel})'
+
+
+def _matmul_name(args) -> str:
+  """The --matmul choice, with what it resolves to (and the BLAS library) here."""
+  resolved = blas.resolve_matmul(args.matmul, dtype=DTYPES[args.dtype])
+  if resolved == 'blas':
+    resolved = f'blas: {blas.load().name}'
+  return args.matmul if resolved == args.matmul else f'{args.matmul} ({resolved})'
+
+
+def _int_list(text: str) -> list[int]:
+  return [int(x) for x in text.split(',') if x]
+
+
+def parse_xla_options(items: Sequence[str]) -> dict[str, bool | int | str]:
+  """['name=value', ...] -> {name: value}; 'true'/'false' and integers are typed."""
+  options = {}
+  for item in items:
+    name, sep, value = item.partition('=')
+    if not sep or not name:
+      raise errors.ConfigError(f'--xla-option {item!r} is not NAME=VALUE, e.g. '
+                               'xla_cpu_experimental_ynn_fusion_type= (an empty value is allowed).')
+    if value.lower() in ('true', 'false'):
+      options[name] = value.lower() == 'true'
+    elif re.fullmatch(r'-?\d+', value):
+      options[name] = int(value)
+    else:
+      options[name] = value
+  return options
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+  parser = argparse.ArgumentParser(
+      prog='python -m vit_jax.benchmark',
+      description='Throughput, FLOP/s, MFU and memory of vit_jax models (optionally '
+                  'against timm), attention memory, and compile time against depth.',
+      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+  parser.add_argument('--model', default='ViT-B_16', help='registry name')
+  parser.add_argument('--mode', default='infer', choices=('infer', 'train', 'seq2seq'))
+  parser.add_argument('--batch', type=int, default=8)
+  parser.add_argument('--resolution', type=int, default=224, help='image side (pixels)')
+  parser.add_argument('--dtype', default='float32', choices=tuple(DTYPES),
+                      help='compute dtype (params stay float32; timm runs under autocast)')
+  parser.add_argument('--steps', type=int, default=20, help='timed steps per implementation')
+  parser.add_argument('--warmup', type=int, default=3, help='untimed steps after compiling')
+  parser.add_argument('--rounds', type=int, default=5,
+                      help='alternation rounds the timed steps are split into')
+  parser.add_argument('--compare', choices=('timm',), help='also time the timm model')
+  parser.add_argument('--timm-path', help='extra directory appended to sys.path to find '
+                      'torch and timm')
+  parser.add_argument('--json', help='write all figures to this file')
+  parser.add_argument('--tune-malloc', action=argparse.BooleanOptionalAction, default=None,
+                      help='glibc: reuse freed memory instead of mmap-ing (and page-faulting) '
+                      "XLA's per-step temporary buffer anew; applies to the whole process, "
+                      "timm included (default: on CPUs, as the trainer's config.tune_malloc)")
+  parser.add_argument('--xla-option', action='append', default=[], metavar='NAME=VALUE',
+                      help='XLA compiler option for everything we compile (repeatable)')
+  parser.add_argument('--peak-tflops', type=float,
+                      help='dense peak TFLOP/s of one device for MFU (default: known devices)')
+  parser.add_argument('--attention', default='auto', choices=ATTENTION_IMPLEMENTATIONS,
+                      help="attention kernel; 'auto' picks the backend's fastest")
+  parser.add_argument('--matmul', default='auto', choices=blas.MATMUL_IMPLEMENTATIONS,
+                      help="float32 Dense products: XLA's kernels, a BLAS (MKL/OpenBLAS), "
+                      "or 'auto' (MKL on Intel CPUs)")
+  parser.add_argument('--num-layers', type=int, help='override the model\'s depth')
+  parser.add_argument('--scan-layers', action='store_true')
+  parser.add_argument('--remat', action='store_true')
+  parser.add_argument('--seq-len', type=int, default=64, help='seq2seq source/target length')
+  parser.add_argument('--decode-length', type=int, default=64,
+                      help='seq2seq: tokens generated per greedy decode')
+  parser.add_argument('--vocab-size', type=int, default=32000)
+  parser.add_argument('--attention-memory', action='store_true',
+                      help='memory of the attention paths at growing token counts')
+  parser.add_argument('--resolutions', type=_int_list, default=[256, 512, 768, 1024],
+                      help='--attention-memory: comma-separated image sides')
+  parser.add_argument('--memory-impls', type=lambda s: s.split(','),
+                      default=['plain', 'fused', 'chunked'],
+                      help='--attention-memory: attention paths to compare')
+  parser.add_argument('--compile-depth', action='store_true',
+                      help='compile time of --depth-model (scanned) vs 4 layers')
+  parser.add_argument('--depth-model', default='ViT-H_14')
+  parser.add_argument('--compile-repeats', type=int, default=2)
+  parser.add_argument('--no-unrolled', action='store_true',
+                      help='--compile-depth: skip compiling the deep model unrolled')
+  args = parser.parse_args(argv)
+  if args.steps < 1 or args.batch < 1 or args.warmup < 0:
+    parser.error('--steps and --batch must be positive and --warmup non-negative')
+  unknown = [i for i in args.memory_impls if i not in ATTENTION_IMPLEMENTATIONS]
+  if unknown:
+    parser.error(f'--memory-impls: unknown {unknown}; choose from {ATTENTION_IMPLEMENTATIONS}')
+  try:
+    args.xla_options = parse_xla_options(args.xla_option)  # Typed, for the compiler.
+  except ValueError as error:
+    parser.error(str(error))
+  return args
+
+
+def run(args: argparse.Namespace) -> tuple[dict, str]:
+  """Runs the benchmark `args` select; returns (all figures, the printed table)."""
+  if args.attention_memory:
+    report = benchmark_attention_memory(args)
+    text = report_lib.format_attention_memory(report, args.memory_impls)
+    title = f'{args.model} forward memory by attention path ({args.dtype})'
+  elif args.compile_depth:
+    report = benchmark_compile_depth(args)
+    text = report_lib.format_compile_depth(report)
+    title = f'compile time against depth ({args.depth_model}, batch {args.batch}, ' \
+            f'{args.resolution}px, {args.dtype})'
+  elif args.mode == 'seq2seq':
+    report = benchmark_seq2seq(args)
+    text = report_lib.format_seq2seq(report)
+    title = (f'{args.model} seq2seq | batch {args.batch} | source/target {args.seq_len} | '
+             f'decode {args.decode_length} | vocab {args.vocab_size} | {args.dtype}')
+  else:
+    report = benchmark_vit(args)
+    text = report_lib.format_vit(report)
+    title = (f'{args.model} {args.mode} | batch {args.batch} | {args.resolution}px | '
+             f'{args.dtype} | attention {_attention_name(args)} | matmul {_matmul_name(args)}'
+             + (' | scan' if args.scan_layers else '') + (' | remat' if args.remat else '')
+             + (' | tuned malloc' if args.tune_malloc else ''))
+  if args.xla_option:
+    title += ' | XLA ' + ' '.join(args.xla_option)
+  info = timing.device_info()
+  if 'cpu_cores' in info:
+    where = f'cpu ({info["cpu_cores"]} cores'
+    load = info.get('load_average_1min')
+    where += ')' if load is None else f', load average {load:.1f} at the end)'
+  else:
+    where = f'{info["platform"]} ({info["device_kind"]}, {info["device_count"]} device(s))'
+  text = f'{title} | {where}\n{text}'
+  report = {'args': {k: v for k, v in vars(args).items()}, 'device': info, **report}
+  return report, text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  args = parse_args(argv)
+  if args.compare:  # Leave GPU memory to torch: JAX would take 75% of it at start-up.
+    os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
+  if args.tune_malloc is None:  # Decided before JAX starts its threads (see tune_malloc).
+    args.tune_malloc = runtime.jax_runs_on_cpu()
+  if args.tune_malloc and not runtime.tune_malloc():
+    print('note: --tune-malloc needs glibc (Linux); running without it.', file=sys.stderr)
+    args.tune_malloc = False
+  try:
+    report, text = run(args)
+  except errors.UserError as error:
+    print(f'error: {error}', file=sys.stderr)
+    return 1
+  print(text)
+  if args.json:
+    with open(args.json, 'w') as f:
+      json.dump(report, f, indent=2, default=str)
+    print(f'Wrote {args.json}')
+  return 0

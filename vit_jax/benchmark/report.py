@@ -1,0 +1,110 @@
+"""The printed tables of each benchmark, from its figures."""
+
+from typing import Sequence
+
+
+def _ms(seconds: float | None) -> str:
+  return '-' if seconds is None else f'{seconds * 1e3:.1f}'
+
+
+def _mb(num_bytes: int | None) -> str:
+  if num_bytes is None:
+    return '-'
+  mib = num_bytes / 2**20
+  return f'{mib:,.1f}' if mib < 100 else f'{mib:,.0f}'
+
+
+def _num(value: float | None, fmt: str) -> str:
+  return '-' if value is None else format(value, fmt)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+  widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+  line = lambda r: '  '.join(  # noqa: E731
+      str(c).ljust(w) if i == 0 else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+  return '\n'.join([line(header), line(['-' * w for w in widths])] + [line(r) for r in rows])
+
+
+def format_vit(report: dict) -> str:
+  names = [n for n in ('ours', 'timm') if n in report]
+  get = lambda key, fn: [fn(report[n].get(key)) for n in names]  # noqa: E731
+  rows = [
+      ['compile (s)', _num(report['ours']['compile_s'], '.1f')] + ['-'] * (len(names) - 1),
+      ['warm-up (s)'] + get('warmup_s', lambda v: _num(v, '.1f')),
+      ['step median (ms)'] + get('step_s_median', _ms),
+      ['step p10 / p90 (ms)'] + [f'{_ms(report[n]["step_s_p10"])} / '
+                                 f'{_ms(report[n]["step_s_p90"])}' for n in names],
+      ['step IQR (ms)'] + get('step_s_iqr', _ms),
+      ['images/s'] + get('images_per_s', lambda v: _num(v, '.2f')),
+      ['GMACs / step'] + get('macs_per_step', lambda v: _num(v and v / 1e9, '.4g')),
+      ['achieved TFLOP/s'] + get('achieved_tflops', lambda v: _num(v, '.3f')),
+      ['MFU'] + get('mfu', lambda v: '-' if v is None else f'{100 * v:.1f}%'),
+  ]
+  for n in names:
+    memory = report[n]['memory']
+    if memory.get('device_peak_bytes') is not None:
+      label = 'peak device memory (MiB)'
+      values = {k: _mb(report[k]['memory'].get('device_peak_bytes')) for k in names}
+      break
+  else:
+    label = 'peak process RSS (MiB)'
+    values = {k: _mb(report[k]['memory'].get('process_peak_rss_bytes')) for k in names}
+  rows.append([label] + [values[n] for n in names])
+  analysis = report['ours']['memory'].get('xla_memory_analysis')
+  if analysis:
+    rows.append(['XLA temp / total (MiB)', f'{_mb(analysis["temp_size_in_bytes"])} / '
+                 f'{_mb(analysis["total_bytes"])}'] + ['-'] * (len(names) - 1))
+  header = [''] + ['ours (jax)' if n == 'ours' else f'timm ({report[n]["timm_model"]})'
+                   for n in names]
+  lines = [_table(header, rows)]
+  if 'timm' in report:
+    lines.append(f'ours/timm images/s: {report["ratio_images_per_s_ours_over_timm"]:.3f} '
+                 f'(median steps), {report["ratio_best_step_ours_over_timm"]:.3f} (fastest '
+                 'steps)')
+    lines.append(f'same weights: max |logit diff| {report["max_abs_logit_diff_vs_timm_f32"]:.1e}'
+                 f' (float32); torch threads: {report["timm"]["torch_threads"]}')
+  return '\n'.join(lines)
+
+
+def format_seq2seq(report: dict) -> str:
+  names = ['train', 'decode_cached', 'decode_uncached']
+  rows = [[n, _num(report[n]['compile_s'], '.1f'), _ms(report[n]['step_s_median']),
+           f'{_ms(report[n]["step_s_p10"])} / {_ms(report[n]["step_s_p90"])}',
+           _num(report[n]['tokens_per_s'], ',.0f'),
+           _num(report[n]['macs_per_step'] and report[n]['macs_per_step'] / 1e9, '.4g'),
+           _num(report[n]['achieved_tflops'], '.3f')] for n in names]
+  header = ['', 'compile (s)', 'step median (ms)', 'p10 / p90 (ms)', 'tokens/s',
+            'GMACs/step', 'TFLOP/s']
+  mfu = report['train']['mfu']
+  return '\n'.join([
+      _table(header, rows),
+      'train tokens are target tokens (source + target: '
+      f'{report["train_source_plus_target_tokens_per_s"]:,.0f}/s); '
+      f'train MFU: {"-" if mfu is None else f"{100 * mfu:.1f}%"}',
+      f'cached / uncached decoding speed: {report["cached_over_uncached_decode_speed"]:.2f}x'
+      f'   (greedy tokens equal: {100 * report["greedy_tokens_agree_cached_vs_uncached"]:.0f}%)',
+  ])
+
+
+def format_attention_memory(report: dict, impls: Sequence[str]) -> str:
+  header = ['resolution', 'tokens'] + [f'{i} temp MiB' for i in impls] + [
+      f'{i} total MiB' for i in impls]
+  rows = [[str(r['resolution']), str(r['tokens'])]
+          + [_mb(r[i]['temp_size_in_bytes']) for i in impls]
+          + [_mb(r[i]['total_bytes']) for i in impls] for r in report['rows']]
+  return '\n'.join([_table(header, rows),
+                    f'batch 1; {report["method"]}; temp = activations and scratch.'])
+
+
+def format_compile_depth(report: dict) -> str:
+  names = [n for n in ('shallow_scan', 'deep_scan', 'deep_unrolled') if n in report]
+  rows = [[n, str(report[n]['num_layers']), str(report[n]['scan_layers']),
+           f'{report[n]["lower_s"]:.1f}', f'{report[n]["compile_s"]:.1f}',
+           f'{report[n]["total_s"]:.1f}'] for n in names]
+  lines = [_table(['', 'layers', 'scan', 'trace+lower (s)', 'XLA compile (s)', 'total (s)'],
+                  rows),
+           f'{report["model"]} ({report["mode"]}): deep/shallow compile time with scan: '
+           f'{report["deep_scan_over_shallow_scan"]:.2f}x (target < 2x)']
+  if 'deep_unrolled_over_shallow_scan' in report:
+    lines.append(f'unrolled deep / shallow scan: {report["deep_unrolled_over_shallow_scan"]:.2f}x')
+  return '\n'.join(lines)

@@ -1,0 +1,149 @@
+"""Compiled steps, timed one by one; achieved FLOP/s and MFU.
+
+Timing: after compilation (reported separately) and `--warmup` steps, every step
+is timed on its own, blocking until its results are ready. Runners to compare
+alternate in rounds so that background load hits them alike.
+
+FLOPs: `vit_jax.flops.count_flops` counts multiply-adds of the jitted function
+(the whole train step in train mode); achieved FLOP/s and MFU use 2 FLOPs per
+multiply-add, as the peak figures do. MFU needs a peak: `--peak-tflops`, or the
+table `PEAK_TFLOPS` by device kind; on CPUs it is left blank.
+"""
+
+import dataclasses
+import os
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from vit_jax import errors
+from vit_jax.benchmark import memory
+from vit_jax.flops import count_flops
+
+# Dense peak TFLOP/s (bfloat16, float32) by device kind, first match wins. GPU float32
+# figures are TF32 tensor-core peaks (XLA's default precision for float32 dots on
+# Ampere and later); TPUs run float32 dots as bfloat16 passes by default.
+PEAK_TFLOPS: tuple[tuple[str, float, float], ...] = (
+    ('H100 PCIe', 756.0, 378.0),
+    ('H100', 989.0, 494.0),
+    ('H200', 989.0, 494.0),
+    ('GH200', 989.0, 494.0),
+    ('B200', 2250.0, 1100.0),
+    ('A100', 312.0, 156.0),
+    ('L40S', 362.0, 183.0),
+    ('L4', 121.0, 60.0),
+    ('TPU v6 lite', 918.0, 918.0),
+    ('TPU v5 lite', 197.0, 197.0),
+    ('TPU v5e', 197.0, 197.0),
+    ('TPU v5p', 459.0, 459.0),
+    ('TPU v5', 459.0, 459.0),
+    ('TPU v4', 275.0, 275.0),
+    ('TPU v3', 123.0, 123.0),
+)
+
+
+@dataclasses.dataclass
+class Timing:
+  """Per-step wall-clock times (seconds) of one implementation."""
+  times: list[float] = dataclasses.field(default_factory=list)
+
+  def summary(self, items_per_step: float) -> dict:
+    t = np.asarray(self.times)
+    median = float(np.median(t))
+    return {'steps_timed': int(t.size), 'step_s_median': median,
+            'step_s_p10': float(np.percentile(t, 10)),
+            'step_s_p90': float(np.percentile(t, 90)),
+            'step_s_iqr': float(np.percentile(t, 75) - np.percentile(t, 25)),
+            'step_s_mean': float(t.mean()), 'step_s_min': float(t.min()),
+            'items_per_s': items_per_step / median}
+
+
+def time_alternating(runners: dict[str, Callable[[], Any]], steps: int,
+                     rounds: int) -> dict[str, Timing]:
+  """Times `steps` calls of each runner, alternating the runners in `rounds` rounds.
+
+  Each runner performs one step and returns only when its results are ready.
+  """
+  timings = {name: Timing() for name in runners}
+  rounds = max(1, min(rounds, steps))
+  per_round = [steps // rounds + (i < steps % rounds) for i in range(rounds)]
+  for count in per_round:
+    for name, run in runners.items():
+      for _ in range(count):
+        start = time.perf_counter()
+        run()
+        timings[name].times.append(time.perf_counter() - start)
+  return timings
+
+
+def peak_tflops(dtype: str, override: float | None) -> float | None:
+  """Dense peak TFLOP/s of the first device for `dtype`, or None when unknown."""
+  if override:
+    return override
+  kind = jax.devices()[0].device_kind.lower()
+  for pattern, bf16, fp32 in PEAK_TFLOPS:
+    if pattern.lower() in kind:
+      return bf16 if dtype == 'bfloat16' else fp32
+  return None
+
+
+def device_info() -> dict:
+  """Where the steps run: platform, device kind and count; on CPUs the cores and load."""
+  device = jax.devices()[0]
+  info = {'platform': device.platform, 'device_kind': device.device_kind,
+          'device_count': jax.device_count(), 'jax': jax.__version__}
+  if device.platform == 'cpu':
+    info['cpu_cores'] = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') \
+        else os.cpu_count()
+    if hasattr(os, 'getloadavg'):  # Other processes' load makes CPU timings noisy.
+      info['load_average_1min'] = os.getloadavg()[0]
+  return info
+
+
+def compile_jitted(fn: Callable, *args, options: dict | None = None) -> tuple[Any, float]:
+  """Lowers and compiles `fn` (a jitted function) for `args` with XLA `options`.
+
+  Returns the compiled function and the seconds it took.
+  """
+  start = time.perf_counter()
+  lowered = fn.lower(*args)
+  try:
+    compiled = lowered.compile(compiler_options=options or None)
+  except Exception as error:  # pylint: disable=broad-except  # XLA's own error types.
+    if not options:
+      raise
+    raise errors.ConfigError(f'XLA did not compile with --xla-option {options}: {error}. Check '
+                             'the option names against XLA_FLAGS=--help of this jaxlib.') from error
+  return compiled, time.perf_counter() - start
+
+
+def throughput_figures(macs: int | None, step_s: float, peak: float | None) -> dict:
+  """Multiply-adds per step, achieved TFLOP/s and MFU (None where unknown)."""
+  if not macs:
+    return {'macs_per_step': macs, 'achieved_tflops': None, 'mfu': None}
+  achieved = 2.0 * macs / step_s / 1e12
+  return {'macs_per_step': int(macs), 'achieved_tflops': achieved,
+          'mfu': achieved / peak if peak else None}
+
+
+class OursRunner:
+  """A compiled step of our model and the state it threads through the steps."""
+
+  def __init__(self, fn: Callable, args: tuple, *, donate_state: bool,
+               xla_options: dict | None = None):
+    self.fn = jax.jit(fn, donate_argnums=0 if donate_state else ())
+    self.args = args
+    self.donate_state = donate_state
+    self.macs = count_flops(fn, *args)
+    self.compiled, self.compile_s = compile_jitted(self.fn, *args, options=xla_options)
+    self.memory_analysis = memory.memory_analysis(self.compiled)
+    self.output = None
+
+  def __call__(self):
+    out = self.compiled(*self.args)
+    if self.donate_state:  # The new state replaces the donated one.
+      self.args = (out[0],) + self.args[1:]
+    jax.block_until_ready(out)
+    self.output = out
