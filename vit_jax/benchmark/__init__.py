@@ -12,11 +12,12 @@
 
 Modes:
   infer    jitted forward pass (eval mode) on random images.
-  train    one real optimizer step: the trainer's `make_train_step` with AdamW from
-           `optim.make_optimizer` (gradient clipping on), jitted with the state donated.
-  seq2seq  Transformer training tokens/s (target tokens), and greedy decoding
-           tokens/s with the key/value cache and without it (the whole decoder re-run
-           for every new token); each decode includes encoding the source once.
+  train    one real optimizer step: the trainer's `make_train_step` over the classification
+           task's loss, with AdamW from `optim.make_optimizer` (gradient clipping on),
+           jitted with the state donated.
+  seq2seq  Transformer training tokens/s (target tokens; the translation task's loss), and
+           greedy decoding tokens/s with the key/value cache and without it (the whole
+           decoder re-run for every new token); each decode includes encoding the source once.
   --attention-memory  ViT forward (batch 1) memory per attention path at growing
            token counts, from XLA's compiled memory analysis (deterministic: the
            buffers XLA allocates; nothing is run).

@@ -31,8 +31,8 @@ def benchmark_compile_depth(args) -> dict:
     if args.mode == 'train':
       fn, tx = steps.train_step(steps.ImageTask(model), total_steps=10)
       state = jax.eval_shape(lambda p: steps.make_train_state(p, tx), params)
-      fn_args = (state, {'images': images,
-                         'labels': jax.ShapeDtypeStruct((args.batch,), jnp.int32)}, None)
+      fn_args = (state, {'image': images,
+                         'label': jax.ShapeDtypeStruct((args.batch,), jnp.int32)}, None)
     else:
       fn = lambda p, x: model.apply({'params': p}, x)  # noqa: E731
       fn_args = (params, images)

@@ -1,6 +1,6 @@
 """`--mode seq2seq`: Transformer training and greedy decoding, tokens/s.
 
-Training is the trainer's step over a masked token cross-entropy (target tokens counted);
+Training is the trainer's step over the translation task's loss (target tokens counted);
 decoding is greedy, with the key/value cache and without it (the whole decoder re-run for
 every new token), each decode including encoding the source once.
 """

@@ -1,16 +1,18 @@
-"""What one benchmark step runs: our models as the flags set them, and the train steps.
+"""What one benchmark step runs: our models as the flags set them, and the trainer's steps.
 
-A train step is the trainer's `loop.make_train_step` over a loss of the task's kind,
-with AdamW from `optim.make_optimizer` (gradient clipping on).
+A train step is the trainer's own: `loop.make_train_step` over the loss of the task
+(`ClassificationTask.loss`, `TranslationTask.loss`), with AdamW from
+`optim.make_optimizer` (gradient clipping on).
 """
 
 from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import ml_collections
 import optax
 
-from vit_jax.train import loop, optim
+from vit_jax.train import classification, loop, optim, translation
 
 NUM_CLASSES = 1000
 DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
@@ -29,35 +31,33 @@ def model_overrides(args) -> dict:
   return overrides
 
 
-class ImageTask:
-  """The part of `loop.Task` that `make_train_step` uses, for random labelled images."""
+def _task_config() -> ml_collections.ConfigDict:
+  """The config fields the tasks' losses read: no label smoothing."""
+  return ml_collections.ConfigDict({'label_smoothing': 0.0})
 
-  def __init__(self, model):
+
+class ImageTask(classification.ClassificationTask):
+  """The trainer's classification task without its data or teacher, for its loss.
+
+  Batches are the trainer's: {'image': (B, H, W, 3), 'label': (B,)}.
+  """
+
+  def __init__(self, model):  # pylint: disable=super-init-not-called
     self.model = model
-
-  def loss(self, params, batch, rng, frozen):
-    del frozen
-    logits = self.model.apply({'params': params}, batch['images'], train=True,
-                              rngs={'dropout': rng})
-    heads = logits if isinstance(logits, tuple) else (logits,)  # DeiT: two heads.
-    loss = sum(optax.softmax_cross_entropy_with_integer_labels(
-        h.astype(jnp.float32), batch['labels']).mean() for h in heads) / len(heads)
-    return loss, {}
+    self.config = _task_config()
+    self.distilled = model.classifier == 'token_distill'
+    self.teacher = None
 
 
-class Seq2SeqTask:
-  """`make_train_step`'s view of a translation task: masked token cross-entropy."""
+class Seq2SeqTask(translation.TranslationTask):
+  """The trainer's translation task without its data, for its loss.
 
-  def __init__(self, model):
+  Batches are the trainer's, unpacked: {'inputs': (B, S), 'targets': (B, T)}.
+  """
+
+  def __init__(self, model):  # pylint: disable=super-init-not-called
     self.model = model
-
-  def loss(self, params, batch, rng, frozen):
-    del frozen
-    logits = self.model.apply({'params': params}, batch['inputs'], batch['targets'],
-                              train=True, rngs={'dropout': rng})
-    weights = (batch['targets'] > 0).astype(jnp.float32)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, batch['targets'])
-    return jnp.sum(losses * weights) / jnp.maximum(jnp.sum(weights), 1.0), {}
+    self.config = _task_config()
 
 
 def optimizer(total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:

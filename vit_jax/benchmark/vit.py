@@ -41,7 +41,7 @@ def model_macs(args, images, labels) -> int:
   if tx is None:
     return count_flops(step, params, images)
   state = jax.eval_shape(lambda p: steps.make_train_state(p, tx), params)
-  return count_flops(step, state, {'images': images, 'labels': labels}, None)
+  return count_flops(step, state, {'image': images, 'label': labels}, None)
 
 
 def build_ours_vit(args, model, params, images, labels) -> timing.OursRunner:
@@ -50,7 +50,7 @@ def build_ours_vit(args, model, params, images, labels) -> timing.OursRunner:
   options = args.xla_options
   if tx is None:
     return timing.OursRunner(step, (params, images), donate_state=False, xla_options=options)
-  batch = {'images': images, 'labels': labels}
+  batch = {'image': images, 'label': labels}
   return timing.OursRunner(step, (steps.make_train_state(params, tx), batch, None),
                            donate_state=True, xla_options=options)
 
