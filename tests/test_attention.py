@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from vit_jax import kernels, models
 from vit_jax.kernels import blas
-from vit_jax import models
 from vit_jax.models import attention
 
 
@@ -107,10 +107,13 @@ def test_auto_equals_plain_in_values_and_gradients(mask_name):
 
 def test_auto_resolves_per_backend_and_dtype():
   resolve = attention.resolve_attention_impl
-  # float32 on CPUs: the BLAS kernel where the matmul option puts the Dense layers there.
+  # float32 on CPUs: the BLAS kernel where `kernels.use` puts the Dense layers there.
   on_blas = blas.resolve_matmul('auto') == 'blas'
-  assert resolve('auto', backend='cpu') == ('blas' if on_blas else 'head_major')
-  assert resolve('auto', backend='cpu', matmul='xla') == 'head_major'
+  with kernels.use('auto'):
+    assert resolve('auto', backend='cpu') == ('blas' if on_blas else 'head_major')
+  with kernels.use('xla'):
+    assert resolve('auto', backend='cpu') == 'head_major'
+  assert resolve('auto', backend='cpu') == 'head_major'  # Plain Flax: no `kernels.use`.
   assert resolve('auto', backend='cpu', dtype=jnp.bfloat16) == 'head_major'
   assert resolve('auto', backend='gpu', dtype=jnp.bfloat16) == 'cudnn'
   assert resolve('auto', backend='gpu', dtype=jnp.float16) == 'cudnn'

@@ -7,7 +7,7 @@ import pytest
 from helpers import cached_teacher_forced_logits
 
 from vit_jax import models
-from vit_jax.models import attention
+from vit_jax.models import attention, attention_chunked
 
 
 # Inputs are built with numpy: eager jax ops would each compile for every new shape.
@@ -52,7 +52,7 @@ def test_chunked_equals_plain_values_and_grads(t, s, chunk_size, mask_name):
   @jax.jit
   def value_and_grads(q, k, v):
     plain = lambda q, k, v: attention.plain_attention(q, k, v, mask)[0]  # noqa: E731
-    chunked = lambda q, k, v: attention.chunked_attention(  # noqa: E731
+    chunked = lambda q, k, v: attention_chunked.chunked_attention(  # noqa: E731
         q, k, v, mask, chunk_size=chunk_size)
     grads = lambda f: jax.grad(  # noqa: E731
         lambda q, k, v: jnp.sum(f(q, k, v) * probe), argnums=(0, 1, 2))(q, k, v)
@@ -66,9 +66,9 @@ def test_chunked_equals_plain_values_and_grads(t, s, chunk_size, mask_name):
 
 def test_chunked_under_jit_and_vmap():
   q, k, v = _random_qkv(5, 9)
-  f = jax.jit(lambda q, k, v: attention.chunked_attention(q, k, v, chunk_size=4))
+  f = jax.jit(lambda q, k, v: attention_chunked.chunked_attention(q, k, v, chunk_size=4))
   np.testing.assert_allclose(f(q, k, v), attention.plain_attention(q, k, v)[0], atol=1e-5)
-  per_example = jax.vmap(lambda q, k, v: attention.chunked_attention(
+  per_example = jax.vmap(lambda q, k, v: attention_chunked.chunked_attention(
       q[None], k[None], v[None], chunk_size=4)[0])(q, k, v)
   np.testing.assert_allclose(per_example, f(q, k, v), atol=1e-6)
 
@@ -76,7 +76,7 @@ def test_chunked_under_jit_and_vmap():
 def test_chunked_bfloat16():
   q, k, v = _random_qkv(10, 10, dtype=jnp.bfloat16)
   mask = _mask('padding+causal', 10, 10)
-  chunked = lambda q: attention.chunked_attention(q, k, v, mask, chunk_size=4)  # noqa: E731
+  chunked = lambda q: attention_chunked.chunked_attention(q, k, v, mask, chunk_size=4)  # noqa: E731
 
   @jax.jit
   def run(q):
@@ -94,9 +94,9 @@ def test_chunked_bfloat16():
 def test_chunked_rejects_bad_arguments():
   q, k, v = _random_qkv(4, 4)
   with pytest.raises(ValueError, match='chunk_size must be positive'):
-    attention.chunked_attention(q, k, v, chunk_size=0)
+    attention_chunked.chunked_attention(q, k, v, chunk_size=0)
   with pytest.raises(ValueError, match='broadcast to'):
-    attention.chunked_attention(q, k, v, np.ones((1, 1, 1, 4, 4), bool))
+    attention_chunked.chunked_attention(q, k, v, np.ones((1, 1, 1, 4, 4), bool))
 
 
 def test_module_option_keeps_params_and_output():

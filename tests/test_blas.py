@@ -1,4 +1,4 @@
-"""The BLAS path of the Dense layers (vit_jax.kernels.blas): same results as XLA."""
+"""The BLAS path of the Dense layers and attention (vit_jax.kernels): same results as XLA."""
 
 import os
 import subprocess
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import models
+from vit_jax import kernels, models
 from vit_jax.kernels import blas
 from vit_jax.flops import count_flops
 
@@ -23,6 +23,14 @@ RNG = np.random.default_rng(0)
 
 def _random(*shape):
   return jnp.asarray(RNG.standard_normal(shape, np.float32))
+
+
+def _on_blas(fn):
+  """`fn`, traced with the models' products and attention on the BLAS."""
+  def run(*args):
+    with kernels.use('blas'):
+      return fn(*args)
+  return run
 
 
 def _ffi_calls(fn, *args) -> int:
@@ -67,19 +75,17 @@ def test_dot_general_leaves_other_products_to_xla(case):
 
 def test_vit_with_blas_matches_xla_forward_and_gradients():
   # Scanned layers: the BLAS calls sit inside nn.scan's body (and its transpose).
-  xla = models.get_model('ViT-testing', num_classes=5, matmul='xla', scan_layers=True,
-                         representation_size=8)
-  ours = xla.clone(matmul='blas')
+  model = models.get_model('ViT-testing', num_classes=5, scan_layers=True,
+                           representation_size=8)
   images = _random(2, 16, 16, 3)
-  params = xla.init(jax.random.PRNGKey(0), images)['params']
+  params = model.init(jax.random.PRNGKey(0), images)['params']
   params['head']['kernel'] = _random(*params['head']['kernel'].shape)
+  apply = lambda p: model.apply({'params': p}, images)  # noqa: E731
+  loss = lambda p: jnp.sum(model.apply({'params': p}, images, train=True) ** 2)  # noqa: E731
 
-  def loss(model):
-    return lambda p: jnp.sum(model.apply({'params': p}, images, train=True) ** 2)
-
-  np.testing.assert_allclose(ours.apply({'params': params}, images),
-                             xla.apply({'params': params}, images), rtol=1e-4, atol=1e-4)
-  got, want = jax.jit(jax.grad(loss(ours)))(params), jax.jit(jax.grad(loss(xla)))(params)
+  np.testing.assert_allclose(_on_blas(apply)(params), apply(params), rtol=1e-4, atol=1e-4)
+  got = jax.jit(_on_blas(jax.grad(loss)))(params)
+  want = jax.jit(jax.grad(loss))(params)
   for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
     # float32 sums in another order: about 1e-6 of each gradient's scale (measured).
     # The key bias has no gradient (the softmax ignores it): there, rounding noise.
@@ -88,26 +94,28 @@ def test_vit_with_blas_matches_xla_forward_and_gradients():
                                                               scale)
   # Every Dense product ran on the BLAS: q, k, v, out and 2 MLP layers in the scanned
   # block, then pre_logits and the head; and so did the attention.
-  assert _ffi_calls(loss(ours), params) == 6 + 2
-  assert blas.ATTENTION_INFERENCE_TARGET in str(jax.make_jaxpr(loss(ours))(params))
-  assert blas.ATTENTION_FORWARD_TARGET in str(jax.make_jaxpr(jax.grad(loss(ours)))(params))
+  assert _ffi_calls(_on_blas(loss), params) == 6 + 2
+  assert blas.ATTENTION_INFERENCE_TARGET in str(jax.make_jaxpr(_on_blas(loss))(params))
+  assert blas.ATTENTION_FORWARD_TARGET in str(jax.make_jaxpr(_on_blas(jax.grad(loss)))(params))
+  # Outside `kernels.use` the same model is plain XLA.
+  assert _ffi_calls(loss, params) == 0
 
 
 def test_flops_of_blas_products_count_like_xla():
-  model = models.get_model('ViT-testing', num_classes=5, matmul='xla')
+  model = models.get_model('ViT-testing', num_classes=5)
   images = jnp.zeros((2, 16, 16, 3))
   params = model.init(jax.random.PRNGKey(0), images)['params']
 
   def grad_fn(m):
     return jax.grad(lambda p: jnp.sum(m.apply({'params': p}, images)))
 
-  assert count_flops(grad_fn(model.clone(matmul='blas')), params) == count_flops(
+  assert count_flops(_on_blas(grad_fn(model)), params) == count_flops(
       grad_fn(model), params) > 0
   # The attention kernels (forward without and with the weights kept, backward).
   forward = lambda m: (lambda p: m.apply({'params': p}, images))  # noqa: E731
-  blas_attention = model.clone(matmul='blas', attention_impl='blas')
+  blas_attention = model.clone(attention_impl='blas')
   for fn in (forward, grad_fn):
-    assert count_flops(fn(blas_attention), params) == count_flops(
+    assert count_flops(_on_blas(fn(blas_attention)), params) == count_flops(
         fn(model.clone(attention_impl='plain')), params)
 
 
@@ -118,8 +126,8 @@ def test_resolve_matmul():
   with pytest.raises(ValueError, match="Unknown matmul implementation 'mkl'"):
     blas.resolve_matmul('mkl')
   with pytest.raises(ValueError, match='Unknown matmul'):
-    models.get_model('ViT-testing', num_classes=2, matmul='fast').init(
-        jax.random.PRNGKey(0), jnp.zeros((1, 16, 16, 3)))
+    with kernels.use('fast'):
+      pass
 
 
 def test_explicit_blas_on_another_backend_says_it_runs_on_cpus(monkeypatch):
@@ -203,7 +211,7 @@ def test_attention_and_its_gradients_match_plain_attention():
 
 
 def test_blas_attention_module_masked_calls_run_head_major():
-  layer = models.MultiHeadDotProductAttention(num_heads=2, implementation='blas', matmul='xla')
+  layer = models.MultiHeadDotProductAttention(num_heads=2, implementation='blas')
   x = _random(2, 6, 8)
   variables = layer.init(jax.random.PRNGKey(0), x)
   mask = models.make_padding_mask(jnp.arange(6)[None] < jnp.array([[4], [6]]),

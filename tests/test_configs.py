@@ -109,7 +109,10 @@ def test_a_saved_config_keeps_its_types_and_takes_new_defaults():
   saved = json.loads(config.to_json_best_effort())
   del saved['model']['norm_position']  # As if saved before the field existed.
   saved['mixed_precision'] = True  # The old name of model.dtype='bfloat16'.
+  del saved['matmul']
+  saved['model']['matmul'] = 'xla'  # Before the kernels left the models: model.matmul.
   restored = config_lib.from_saved(saved, 'config.json')
+  assert restored.matmul == 'xla' and 'matmul' not in restored.model
   assert restored.data.train_files == 'a.en,a.de'
   assert restored.data.get_type('eval_files') is str and restored.data.eval_files is None
   assert restored.mesh_shape == (-1, 1, 1)  # JSON's list back to a tuple.
@@ -164,3 +167,13 @@ def test_tfds_data_dir_from_the_command_line_reaches_tfds(tmp_path):
               *TINY_IMAGES, cwd=REPO)
   assert out.returncode == 1
   assert user_error(out.stderr).startswith("error: Unknown dataset 'my_shapes'")
+
+
+def test_from_file_reads_a_config_file_as_the_command_line_does():
+  """What the notebooks start from: configs/*.py, with the argument after ':'."""
+  digits = config_lib.from_file(str(CONFIGS / 'vit_digits.py'))
+  assert digits.data.dataset == 'digits' and digits.model.hidden_size == 64
+  vit = config_lib.from_file(f'{CONFIGS / "vit.py"}:ViT-S_16,cifar10')
+  assert vit.model.name == 'ViT-S_16' and vit.data.dataset == 'cifar10'
+  with pytest.raises(errors.MissingFileError, match='The config file .*nope.py does not exist'):
+    config_lib.from_file(str(CONFIGS / 'nope.py'))

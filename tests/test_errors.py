@@ -69,6 +69,9 @@ CASES = {
     'missing config file': (['--config=configs/nope.py', '--workdir={root}/new'],
                             r'the config file configs/nope\.py does not exist\. configs has .*'
                             r'vit_digits\.py'),
+    'unknown matmul': ([DIGITS, '--workdir={root}/new', '--config.matmul=mkl'],
+                       r"Unknown matmul implementation 'mkl'; choose one of \('auto', 'xla', "
+                       r"'blas'\)"),
     'unknown dataset': ([DIGITS, '--workdir={root}/new', '--config.data.dataset=cifar11'],
                         r"Unknown dataset 'cifar11' \(config\.data\.dataset\).*Close TFDS "
                         r'names: .*cifar10'),

@@ -106,7 +106,9 @@ def run(config, workdir: str):
   if config.trainer not in known:
     raise errors.ConfigError(f'config.trainer={config.trainer!r} is not a mode of the '
                              f'{config.task} task; choose one of {", ".join(known)}.')
-  return MODES[config.trainer](config, workdir)
+  from vit_jax import kernels  # pylint: disable=g-import-not-at-top
+  with kernels.use(config.matmul):
+    return MODES[config.trainer](config, workdir)
 
 
 def main(argv):

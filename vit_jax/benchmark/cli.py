@@ -6,8 +6,9 @@ instead of YNNPACK; comparing ours/timm across runs shows what an option is wort
 
 `--matmul` chooses who multiplies the float32 matrices of the Dense layers: 'xla'
 (XLA:CPU's own kernels), 'blas' (MKL or OpenBLAS through `vit_jax.kernels.blas`) or
-'auto' (the models' default: MKL on Intel CPUs where it is installed). The title
-line shows what ran. FLOPs on the BLAS count like XLA's.
+'auto' (the trainer's default: MKL on Intel CPUs where it is installed); everything
+runs inside `vit_jax.kernels.use(matmul)`, as in the trainer. The title line shows what
+ran. FLOPs on the BLAS count like XLA's.
 
 On CPUs, as in the trainer (`config.tune_malloc`), glibc is told to keep freed
 memory, so that XLA's temporary buffer is not freshly mapped (and page-faulted) at
@@ -22,7 +23,7 @@ import re
 import sys
 from typing import Sequence
 
-from vit_jax import errors, runtime
+from vit_jax import errors, kernels, runtime
 from vit_jax.benchmark import report as report_lib
 from vit_jax.benchmark import timing
 from vit_jax.benchmark.attention_memory import benchmark_attention_memory
@@ -36,7 +37,7 @@ from vit_jax.models.attention import ATTENTION_IMPLEMENTATIONS, resolve_attentio
 
 def _attention_name(args) -> str:
   """The --attention choice, with the kernel it resolves to when that differs."""
-  kernel = resolve_attention_impl(args.attention, dtype=DTYPES[args.dtype], matmul=args.matmul)
+  kernel = resolve_attention_impl(args.attention, dtype=DTYPES[args.dtype])
   return args.attention if kernel == args.attention else f'{args.attention} ({kernel})'
 
 
@@ -137,6 +138,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> tuple[dict, str]:
   """Runs the benchmark `args` select; returns (all figures, the printed table)."""
+  with kernels.use(args.matmul):
+    report, text, title = _run(args)
+  if args.xla_option:
+    title += ' | XLA ' + ' '.join(args.xla_option)
+  info = timing.device_info()
+  if 'cpu_cores' in info:
+    where = f'cpu ({info["cpu_cores"]} cores'
+    load = info.get('load_average_1min')
+    where += ')' if load is None else f', load average {load:.1f} at the end)'
+  else:
+    where = f'{info["platform"]} ({info["device_kind"]}, {info["device_count"]} device(s))'
+  text = f'{title} | {where}\n{text}'
+  report = {'args': {k: v for k, v in vars(args).items()}, 'device': info, **report}
+  return report, text
+
+
+def _run(args: argparse.Namespace) -> tuple[dict, str, str]:
+  """(figures, table, title) of the benchmark `args` select."""
   if args.attention_memory:
     report = benchmark_attention_memory(args)
     text = report_lib.format_attention_memory(report, args.memory_impls)
@@ -158,18 +177,7 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
              f'{args.dtype} | attention {_attention_name(args)} | matmul {_matmul_name(args)}'
              + (' | scan' if args.scan_layers else '') + (' | remat' if args.remat else '')
              + (' | tuned malloc' if args.tune_malloc else ''))
-  if args.xla_option:
-    title += ' | XLA ' + ' '.join(args.xla_option)
-  info = timing.device_info()
-  if 'cpu_cores' in info:
-    where = f'cpu ({info["cpu_cores"]} cores'
-    load = info.get('load_average_1min')
-    where += ')' if load is None else f', load average {load:.1f} at the end)'
-  else:
-    where = f'{info["platform"]} ({info["device_kind"]}, {info["device_count"]} device(s))'
-  text = f'{title} | {where}\n{text}'
-  report = {'args': {k: v for k, v in vars(args).items()}, 'device': info, **report}
-  return report, text
+  return report, text, title
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,9 +19,8 @@ DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
 def model_overrides(args) -> dict:
-  """The model fields the flags set (dtype, attention, matmul, depth, scan, remat)."""
-  overrides = {'dtype': DTYPES[args.dtype], 'attention_impl': args.attention,
-               'matmul': args.matmul}
+  """The model fields the flags set (dtype, attention, depth, scan, remat)."""
+  overrides = {'dtype': DTYPES[args.dtype], 'attention_impl': args.attention}
   if args.num_layers:
     overrides['num_layers'] = args.num_layers
   if args.scan_layers:

@@ -13,8 +13,8 @@ builds on them:
   `DenseGeneral` accept; products it cannot express fall back to XLA;
 - `attention(q, k, v)`: unmasked multi-head attention on (B, T, N, H) inputs,
   with its own gradient;
-- `resolve_matmul`: what the models' `matmul` option ('auto', 'xla', 'blas')
-  means on this machine.
+- `resolve_matmul`: what the option `matmul` of `vit_jax.kernels.use` ('auto',
+  'xla', 'blas') means on this machine.
 
 The BLAS is MKL's `libmkl_rt` where installed (`pip install 'vit_jax[mkl]'`),
 else the OpenBLAS inside NumPy's wheels; `VIT_JAX_BLAS=/path/to/libmkl_rt.so`
@@ -54,7 +54,7 @@ ATTENTION_TARGETS = (ATTENTION_FORWARD_TARGET, ATTENTION_INFERENCE_TARGET,
                      ATTENTION_BACKWARD_TARGET)
 
 
-class KernelUnavailable(RuntimeError):
+class KernelUnavailable(errors.UserError, RuntimeError):
   """The BLAS kernels cannot be used here; the message says why and what to do."""
 
 
@@ -108,7 +108,7 @@ def _find_blas() -> tuple[Blas, ctypes.CDLL]:
   raise KernelUnavailable(
       'No ILP64 CBLAS found (tried: ' + ('; '.join(tried) or 'nothing to try') + '). '
       "Install MKL with `pip install 'vit_jax[mkl]'`, point VIT_JAX_BLAS at an MKL "
-      "libmkl_rt.so, or use matmul='xla'.")
+      "libmkl_rt.so, or use matmul='xla' (--config.matmul=xla).")
 
 
 def _cpu_signature() -> str:
@@ -127,7 +127,7 @@ def _build(sources: list[str], headers: Sequence[str] = ()) -> str:
   if compiler is None:
     raise KernelUnavailable(
         'No C++ compiler found to build the BLAS kernels (looked for $CXX, c++, g++). '
-        "Install one (e.g. `apt install g++`) or use matmul='xla'.")
+        "Install one (e.g. `apt install g++`) or use matmul='xla' (--config.matmul=xla).")
   flags = ['-O3', '-march=native', '-std=c++17', '-shared', '-fPIC', '-w',
            '-I', jax.ffi.include_dir()]
   digest = hashlib.sha256()
@@ -321,10 +321,3 @@ def _attention_bwd(residuals, d_out):
 
 attention.defvjp(_attention_fwd, _attention_bwd)
 
-
-def dot_general_for(matmul_impl: str, dtype=jnp.float32):
-  """The `dot_general` a Flax layer should use for the option `matmul_impl`.
-
-  None means XLA's (Flax's default).
-  """
-  return dot_general if resolve_matmul(matmul_impl, dtype=dtype) == 'blas' else None

@@ -1,15 +1,16 @@
-"""Multi-head dot-product attention: masks, plain, fused and chunked kernels, the module.
+"""Multi-head dot-product attention: masks, the attention implementations, the module.
 
 Shapes use these letters: B batch, T query length, S key/value length,
 N heads, H head_dim, D model width.
 
-The module's `implementation` picks the kernel: 'fused' (`jax.nn.dot_product_attention`,
-XLA), 'plain' (returns and sows the weights), 'chunked' (memory linear in S), 'blas'
-(`vit_jax.kernels.blas.attention`, on MKL; unmasked float32 calls only, the others
-run 'head_major'), or 'auto' (the default), which `resolve_attention_impl` turns into
-the fastest kernel for the backend, dtype and `matmul` option at trace time.
+The module's `implementation` names the kernel (`KERNELS`): 'fused'
+(`jax.nn.dot_product_attention`, XLA), 'plain' (returns and sows the weights),
+'chunked' (memory linear in S, `attention_chunked`), one added with `register_kernel`,
+or 'auto' (the default), which `resolve_attention_impl` turns into the fastest kernel
+for the backend and dtype at trace time.
 """
 
+import functools
 from typing import Any, Callable
 
 from absl import logging
@@ -18,50 +19,77 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.kernels import blas
 from vit_jax.models import partitioning
+from vit_jax.models.attention_chunked import chunked_attention
 
 Array = jax.Array
 Dtype = Any
+# A kernel: fn(query (B, T, N, H), key (B, S, N, H), value (B, S, N, H), mask) -> (B, T, N, H).
+Kernel = Callable[[Array, Array, Array, Array | None], Array]
 # Kernels whose training already said that attention dropout moved it to 'plain'.
 DROPOUT_NOTED: set[str] = set()
 
-ATTENTION_IMPLEMENTATIONS = ('auto', 'fused', 'plain', 'chunked', 'blas')
+# What a model may ask for; the other entries of `KERNELS` are what 'auto' picks.
+ATTENTION_IMPLEMENTATIONS = ['auto', 'fused', 'plain', 'chunked']
+# Asked in order by 'auto' before the built-in choice: fn(backend, dtype) -> a kernel or None.
+_AUTO_CHOICES: list[Callable[[str, Dtype], str | None]] = []
 # Cache entries of cross-attention while decoding: the projected keys/values of the
 # encoder output, the same at every step (and for every beam of one example).
 CROSS_ATTENTION_CACHE = ('cross_key', 'cross_value')
 
 
 def resolve_attention_impl(implementation: str, *, backend: str | None = None,
-                           dtype: Dtype = jnp.float32, matmul: str = 'auto') -> str:
+                           dtype: Dtype = jnp.float32) -> str:
   """The kernel that `implementation` runs on `backend` for inputs of `dtype`.
 
-  'auto' becomes 'cudnn' (cuDNN flash attention through
-  `jax.nn.dot_product_attention`) on GPUs for float16/bfloat16; on CPUs 'blas'
-  where the `matmul` option resolves to the BLAS for float32
-  (`vit_jax.kernels.blas.resolve_matmul`: MKL on Intel CPUs), else 'head_major'
-  (`head_major_attention`, the fastest formulation on XLA:CPU); and 'fused'
-  (XLA) otherwise. Other implementations stay as they are.
+  'auto' becomes what a registered `auto_choice` says, else 'cudnn' (cuDNN flash
+  attention through `jax.nn.dot_product_attention`) on GPUs for float16/bfloat16,
+  'head_major' (`head_major_attention`, the fastest formulation on XLA:CPU) on CPUs,
+  and 'fused' (XLA) otherwise. Other implementations stay as they are.
 
   Args:
     implementation: one of `ATTENTION_IMPLEMENTATIONS`.
     backend: 'cpu', 'gpu', 'tpu', ...; default: `jax.default_backend()`.
     dtype: the dtype of the queries and keys.
-    matmul: the model's `matmul` option ('auto', 'xla', 'blas').
   """
   if implementation not in ATTENTION_IMPLEMENTATIONS:
     raise errors.ConfigError(f'Unknown attention implementation {implementation!r}; '
-                             f'choose one of {ATTENTION_IMPLEMENTATIONS}.')
+                             f'choose one of {tuple(ATTENTION_IMPLEMENTATIONS)}.')
   if implementation != 'auto':
     return implementation
   backend = backend or jax.default_backend()
+  for choice in _AUTO_CHOICES:
+    kernel = choice(backend, jnp.dtype(dtype))
+    if kernel is not None:
+      return kernel
   if backend == 'cpu':
-    on_blas = (jnp.dtype(dtype) == jnp.float32
-               and blas.resolve_matmul(matmul, dtype=dtype) == 'blas')
-    return 'blas' if on_blas else 'head_major'
+    return 'head_major'
   if backend == 'gpu' and jnp.dtype(dtype) in (jnp.float16, jnp.bfloat16):
     return 'cudnn'
   return 'fused'
+
+
+def register_kernel(name: str, kernel: Kernel, *,
+                    auto_choice: Callable[[str, Dtype], bool] | None = None):
+  """Adds attention kernel `name`, which models may then ask for by name.
+
+  `auto_choice(backend, dtype)`, if given, says where 'auto' should pick it.
+  Registering a name again replaces the kernel.
+  """
+  KERNELS[name] = kernel
+  if name not in ATTENTION_IMPLEMENTATIONS:
+    ATTENTION_IMPLEMENTATIONS.append(name)
+  if auto_choice is not None:
+    _AUTO_CHOICES.append(lambda backend, dtype: name if auto_choice(backend, dtype) else None)
+
+
+def attention_kernel(implementation: str, *, dtype: Dtype,
+                     chunk_size: int = 512) -> tuple[str, Kernel]:
+  """The resolved name of `implementation` for `dtype` inputs, and its kernel."""
+  name = resolve_attention_impl(implementation, dtype=dtype)
+  if name == 'chunked':
+    return name, functools.partial(chunked_attention, chunk_size=chunk_size)
+  return name, KERNELS[name]
 
 
 def make_padding_mask(query_valid: Array, key_valid: Array) -> Array:
@@ -203,142 +231,14 @@ def head_major_attention(query: Array, key: Array, value: Array,
   return out.transpose(0, 2, 1, 3).astype(value.dtype)
 
 
-def _chunk_keys(x: Array, num_chunks: int, chunk: int) -> Array:
-  """(B, S_pad, N, H) -> (num_chunks, B, N, chunk, H)."""
-  batch, _, heads, head_dim = x.shape
-  x = x.reshape(batch, num_chunks, chunk, heads, head_dim)
-  return x.transpose(1, 0, 3, 2, 4)
-
-
-def _chunk_logits(q: Array, k: Array, mask: Array | None, key_valid: Array | None,
-                  scale: float) -> Array:
-  """Scaled float32 scores (B, N, T, C) of one key chunk.
-
-  q (B, N, T, H), k (B, N, C, H); `mask` and `key_valid` (None or bool,
-  broadcastable to (B, N, T, C)). Masked keys get the same finite value as in
-  `plain_attention` (so a fully masked row averages the real keys, as there);
-  padded keys get -inf.
-  """
-  s = jnp.einsum('bnth,bnch->bntc', q, k, preferred_element_type=jnp.float32) * scale
-  if mask is not None:
-    s = jnp.where(mask, s, jnp.finfo(jnp.float32).min)
-  if key_valid is not None:
-    s = jnp.where(key_valid, s, -jnp.inf)
-  return s
-
-
-@jax.custom_vjp
-def _flash(q: Array, k: Array, v: Array, mask: Array | None,
-           key_valid: Array) -> Array:
-  """Streaming-softmax attention over key chunks; see `chunked_attention`.
-
-  q (B, N, T, H); k, v (C#, B, N, C, H); mask None or (C#, mB, mN, mT, C) bool;
-  key_valid None (no padding) or (C#, 1, 1, 1, C) bool. Returns (B, N, T, H)
-  in float32.
-  """
-  return _flash_forward(q, k, v, mask, key_valid)[0]
-
-
-def _flash_forward(q, k, v, mask, key_valid):
-  batch, heads, length, head_dim = q.shape
-  scale = 1.0 / float(head_dim) ** 0.5
-
-  def step(carry, chunk):
-    acc, running_max, running_sum = carry
-    k_c, v_c, mask_c, valid_c = chunk
-    s = _chunk_logits(q, k_c, mask_c, valid_c, scale)  # (B, N, T, C)
-    new_max = jnp.maximum(running_max, s.max(axis=-1))  # Finite after chunk 0.
-    correction = jnp.exp(running_max - new_max)
-    p = jnp.exp(s - new_max[..., None])
-    running_sum = running_sum * correction + p.sum(axis=-1)
-    acc = acc * correction[..., None] + jnp.einsum(
-        'bntc,bnch->bnth', p.astype(v_c.dtype), v_c, preferred_element_type=jnp.float32)
-    return (acc, new_max, running_sum), None
-
-  init = (jnp.zeros((batch, heads, length, head_dim), jnp.float32),
-          jnp.full((batch, heads, length), -jnp.inf, jnp.float32),
-          jnp.zeros((batch, heads, length), jnp.float32))
-  (acc, running_max, running_sum), _ = jax.lax.scan(step, init, (k, v, mask, key_valid))
-  inv_sum = 1.0 / running_sum  # (B, N, T)
-  return acc * inv_sum[..., None], (running_max, inv_sum)
-
-
-def _flash_fwd(q, k, v, mask, key_valid):
-  out, stats = _flash_forward(q, k, v, mask, key_valid)
-  return out, (q, k, v, mask, key_valid, out, stats)
-
-
-def _flash_bwd(residuals, d_out):
-  """Recomputes each chunk's probabilities from the saved row max and sum."""
-  q, k, v, mask, key_valid, out, (row_max, inv_sum) = residuals
-  scale = 1.0 / float(q.shape[-1]) ** 0.5
-  delta = jnp.sum(d_out * out, axis=-1)  # (B, N, T): sum_s p_s dp_s.
-
-  def step(d_q, chunk):
-    k_c, v_c, mask_c, valid_c = chunk
-    s = _chunk_logits(q, k_c, mask_c, valid_c, scale)
-    # Max and sum kept apart (not a log-sum-exp), exact for fully masked rows too.
-    p = jnp.exp(s - row_max[..., None]) * inv_sum[..., None]  # (B, N, T, C)
-    d_v = jnp.einsum('bntc,bnth->bnch', p, d_out)
-    d_p = jnp.einsum('bnth,bnch->bntc', d_out, v_c, preferred_element_type=jnp.float32)
-    d_s = p * (d_p - delta[..., None]) * scale
-    if mask_c is not None:  # Masked scores are constants in the forward pass.
-      d_s = jnp.where(mask_c, d_s, 0.0)
-    d_q = d_q + jnp.einsum('bntc,bnch->bnth', d_s, k_c, preferred_element_type=jnp.float32)
-    d_k = jnp.einsum('bntc,bnth->bnch', d_s, q, preferred_element_type=jnp.float32)
-    return d_q, (d_k.astype(k_c.dtype), d_v.astype(v_c.dtype))
-
-  d_q, (d_k, d_v) = jax.lax.scan(step, jnp.zeros(q.shape, jnp.float32),
-                                 (k, v, mask, key_valid))
-  return d_q.astype(q.dtype), d_k, d_v, None, None
-
-
-_flash.defvjp(_flash_fwd, _flash_bwd)
-
-
-def chunked_attention(query: Array, key: Array, value: Array,
-                      mask: Array | None = None, *, chunk_size: int = 512) -> Array:
-  """Memory-efficient attention: a scan over key chunks with a streaming softmax.
-
-  Same inputs and result as `plain_attention` (without the weights), but the
-  (T, S) score matrix is never built: each step scores `chunk_size` keys and
-  updates a running max, running sum and float32 accumulator, so memory grows
-  linearly with the key length. The gradient (a custom VJP) also loops over
-  key chunks, recomputing the scores from the saved softmax row max and sum;
-  being a custom VJP, it supports reverse-mode differentiation only (no jvp).
-
-  Args:
-    query: (B, T, N, H).
-    key: (B, S, N, H).
-    value: (B, S, N, H).
-    mask: bool, broadcastable to (B, N, T, S); True = attend.
-    chunk_size: keys per step; S is padded (and the padding masked out) to a
-      multiple of it when longer.
-
-  Returns:
-    (B, T, N, H) in the dtype of `value`.
-  """
-  if chunk_size < 1:
-    raise errors.ConfigError(f'chunk_size must be positive, got {chunk_size}.')
-  length = key.shape[1]
-  chunk = min(chunk_size, length)
-  num_chunks = -(-length // chunk)
-  pad = num_chunks * chunk - length
-  key_valid = None  # Padding keys, when S is not a multiple of the chunk, are masked.
-  if pad:
-    key, value = (jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0))) for x in (key, value))
-    key_valid = (jnp.arange(num_chunks * chunk) < length).reshape(num_chunks, 1, 1, 1, chunk)
-  if mask is not None:
-    if mask.ndim > 4:
-      raise ValueError(f'The mask must broadcast to (B, N, T, S); got shape {mask.shape}.')
-    mask = jnp.asarray(mask, bool).reshape((1,) * (4 - mask.ndim) + mask.shape)
-    target = jnp.broadcast_shapes(mask.shape, (1, 1, 1, length))
-    mask = jnp.broadcast_to(mask, target[:3] + (length,))  # Keep size-1 B, N, T axes.
-    mask = jnp.pad(mask, ((0, 0),) * 3 + ((0, pad),))
-    mask = mask.reshape(mask.shape[:3] + (num_chunks, chunk)).transpose(3, 0, 1, 2, 4)
-  out = _flash(query.transpose(0, 2, 1, 3), _chunk_keys(key, num_chunks, chunk),
-               _chunk_keys(value, num_chunks, chunk), mask, key_valid)
-  return out.transpose(0, 2, 1, 3).astype(value.dtype)
+# Each kernel by name (see `Kernel`); `register_kernel` adds more.
+KERNELS: dict[str, Kernel] = {
+    'fused': fused_attention,
+    'cudnn': functools.partial(fused_attention, cudnn=True),
+    'plain': lambda query, key, value, mask: plain_attention(query, key, value, mask)[0],
+    'chunked': chunked_attention,
+    'head_major': head_major_attention,
+}
 
 
 class MultiHeadDotProductAttention(nn.Module):
@@ -360,10 +260,9 @@ class MultiHeadDotProductAttention(nn.Module):
   out_features: int | None = None  # Output width; default: input width.
   dropout_rate: float = 0.0  # Dropout on the attention weights (plain path).
   use_bias: bool = True
-  implementation: str = 'auto'  # 'auto', 'fused', 'plain', 'chunked' or 'blas' (see the top).
+  implementation: str = 'auto'  # 'auto' or a kernel of KERNELS (see the top).
   attention_chunk_size: int = 512  # Keys per step of the 'chunked' implementation.
   decode: bool = False  # Autoregressive decoding with a key/value cache.
-  matmul: str = 'auto'  # Projections: 'auto', 'xla' or 'blas' (see vit_jax.kernels.blas).
   dtype: Dtype = jnp.float32  # Compute dtype.
   param_dtype: Dtype = jnp.float32
   kernel_init: Callable = nn.initializers.xavier_uniform()
@@ -399,20 +298,19 @@ class MultiHeadDotProductAttention(nn.Module):
           f'{self.num_heads}; pick a hidden size that is a multiple of the '
           'number of heads.')
     head_dim = features // self.num_heads
-    dot_general = blas.dot_general_for(self.matmul, self.dtype)
 
     # Logical axis names: tensor parallelism splits 'heads' (vit_jax.train.mesh).
     def projection(name):
       return nn.DenseGeneral(
           features=(self.num_heads, head_dim), use_bias=self.use_bias,
-          dtype=self.dtype, param_dtype=self.param_dtype, dot_general=dot_general,
+          dtype=self.dtype, param_dtype=self.param_dtype,
           kernel_init=partitioning.logical(self.kernel_init, ('embed', 'heads', 'head_dim')),
           bias_init=partitioning.logical(self.bias_init, ('heads', 'head_dim')),
           name=name)
 
     query = projection('query')(inputs_q)  # (B, T, N, H)
-    kernel = resolve_attention_impl(self.implementation, dtype=query.dtype,
-                                    matmul=self.matmul)
+    kernel, attend = attention_kernel(self.implementation, dtype=query.dtype,
+                                      chunk_size=self.attention_chunk_size)
     if self.decode and not self_attention:
       key, value = self._cross_attention_cache(inputs_kv, projection)
     else:
@@ -438,19 +336,12 @@ class MultiHeadDotProductAttention(nn.Module):
                                      dropout_rate=self.dropout_rate,
                                      dropout_rng=dropout_rng)
       self.sow('intermediates', 'attention_weights', weights)
-    elif kernel == 'chunked':
-      out = chunked_attention(query, key, value, mask, chunk_size=self.attention_chunk_size)
-    elif kernel == 'blas' and mask is None and query.dtype == jnp.float32:
-      out = blas.attention(query, key, value)
-    elif kernel in ('head_major', 'blas'):
-      out = head_major_attention(query, key, value, mask)
     else:
-      out = fused_attention(query, key, value, mask, cudnn=kernel == 'cudnn')
+      out = attend(query, key, value, mask)
 
     out = nn.DenseGeneral(
         features=self.out_features or inputs_q.shape[-1], axis=(-2, -1),
         use_bias=self.use_bias, dtype=self.dtype, param_dtype=self.param_dtype,
-        dot_general=dot_general,
         kernel_init=partitioning.logical(self.kernel_init, ('heads', 'head_dim', 'embed')),
         bias_init=partitioning.logical(self.bias_init, ('embed',)),
         name='out')(out)  # (B, T, D_out)

@@ -15,7 +15,6 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.kernels import blas
 from vit_jax.models import partitioning
 from vit_jax.models.attention import MultiHeadDotProductAttention
 from vit_jax.models.position import AddPositionEmbs, AddSinusoidalPositions
@@ -46,17 +45,14 @@ class MlpBlock(nn.Module):
   mlp_dim: int
   dropout_rate: float = 0.0
   activation: str = 'gelu'
-  matmul: str = 'auto'  # 'auto', 'xla' or 'blas' (see vit_jax.kernels.blas).
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
   @nn.compact
   def __call__(self, inputs: Array, *, deterministic: bool = True) -> Array:
-    dot_general = blas.dot_general_for(self.matmul, self.dtype)
-
     def dense(features, axes):  # Logical axes (in, out) say how tensor parallelism splits it.
       return nn.Dense(
-          features, dtype=self.dtype, param_dtype=self.param_dtype, dot_general=dot_general,
+          features, dtype=self.dtype, param_dtype=self.param_dtype,
           kernel_init=partitioning.logical(nn.initializers.xavier_uniform(), axes),
           bias_init=partitioning.logical(nn.initializers.normal(stddev=1e-6), axes[1:]))
     x = dense(self.mlp_dim, ('embed', 'mlp'))(inputs)
@@ -79,8 +75,7 @@ class EncoderBlock(nn.Module):
   stochastic_depth: bool = False  # Apply drop-path with the per-call rate.
   norm_position: str = 'pre'  # 'pre' (ViT) or 'post' (original Transformer).
   activation: str = 'gelu'
-  attention_impl: str = 'auto'  # 'auto', 'fused', 'plain', 'chunked', 'blas' (attention.py).
-  matmul: str = 'auto'  # Dense layers: 'auto', 'xla' or 'blas' (see vit_jax.kernels.blas).
+  attention_impl: str = 'auto'  # 'auto' or a kernel of attention.KERNELS.
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
 
@@ -102,7 +97,7 @@ class EncoderBlock(nn.Module):
     x = layer_norm('LayerNorm_0')(inputs) if pre_norm else inputs
     x = MultiHeadDotProductAttention(
         num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
-        implementation=self.attention_impl, matmul=self.matmul, dtype=self.dtype,
+        implementation=self.attention_impl, dtype=self.dtype,
         param_dtype=self.param_dtype, name='MultiHeadDotProductAttention_1')(
             x, mask=mask, deterministic=deterministic)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
@@ -112,7 +107,7 @@ class EncoderBlock(nn.Module):
 
     y = layer_norm('LayerNorm_2')(x) if pre_norm else x
     y = MlpBlock(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate,
-                 activation=self.activation, matmul=self.matmul, dtype=self.dtype,
+                 activation=self.activation, dtype=self.dtype,
                  param_dtype=self.param_dtype, name='MlpBlock_3')(
                      y, deterministic=deterministic)
     y = residual(x, y)
@@ -137,7 +132,6 @@ class Encoder(nn.Module):
   norm_position: str = 'pre'
   activation: str = 'gelu'
   attention_impl: str = 'auto'
-  matmul: str = 'auto'  # Dense layers: 'auto', 'xla' or 'blas' (see vit_jax.kernels.blas).
   scan_layers: bool = False  # nn.scan over blocks: params get a leading layer axis.
   remat: bool = False  # Recompute each block's activations in the backward pass.
   max_length: int = 2048  # Longest sequence for sinusoidal positions.
@@ -172,7 +166,7 @@ class Encoder(nn.Module):
         attention_dropout_rate=self.attention_dropout_rate,
         stochastic_depth=self.droppath_rate > 0, norm_position=self.norm_position,
         activation=self.activation, attention_impl=self.attention_impl,
-        matmul=self.matmul, dtype=self.dtype, param_dtype=self.param_dtype)
+        dtype=self.dtype, param_dtype=self.param_dtype)
     droppath_rates = jnp.linspace(0.0, self.droppath_rate, self.num_layers)
 
     if self.scan_layers:

@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.kernels import blas
 from vit_jax.models.attention import (MultiHeadDotProductAttention, combine_masks,
                                       make_padding_mask, make_segment_mask)
 from vit_jax.models.layers import NORM_POSITIONS, Encoder, MlpBlock
@@ -45,7 +44,6 @@ class DecoderBlock(nn.Module):
   norm_position: str = 'post'
   activation: str = 'relu'
   attention_impl: str = 'auto'
-  matmul: str = 'auto'
   decode: bool = False
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
@@ -64,7 +62,7 @@ class DecoderBlock(nn.Module):
 
     attention = lambda name, **kw: MultiHeadDotProductAttention(  # noqa: E731
         num_heads=self.num_heads, dropout_rate=self.attention_dropout_rate,
-        implementation=self.attention_impl, matmul=self.matmul, dtype=self.dtype,
+        implementation=self.attention_impl, dtype=self.dtype,
         param_dtype=self.param_dtype, name=name, **kw)
     x = sublayer(targets, 0, lambda y: attention('SelfAttention', decode=self.decode)(
         y, mask=self_mask, causal=True, deterministic=deterministic))
@@ -72,7 +70,7 @@ class DecoderBlock(nn.Module):
         y, encoded, mask=cross_mask, deterministic=deterministic))
     # MlpBlock applies dropout to its own output; `sublayer` adds none on top.
     mlp = MlpBlock(self.mlp_dim, dropout_rate=0.0, activation=self.activation,
-                   matmul=self.matmul, dtype=self.dtype, param_dtype=self.param_dtype,
+                   dtype=self.dtype, param_dtype=self.param_dtype,
                    name='MlpBlock')
     return sublayer(x, 2, lambda y: mlp(y, deterministic=deterministic))
 
@@ -89,7 +87,6 @@ class Decoder(nn.Module):
   norm_position: str = 'post'
   activation: str = 'relu'
   attention_impl: str = 'auto'
-  matmul: str = 'auto'
   logits_via_embedding: bool = True
   max_length: int = 2048
   decode: bool = False
@@ -111,8 +108,7 @@ class Decoder(nn.Module):
           dropout_rate=self.dropout_rate,
           attention_dropout_rate=self.attention_dropout_rate,
           norm_position=self.norm_position, activation=self.activation,
-          attention_impl=self.attention_impl, matmul=self.matmul, decode=self.decode,
-          dtype=self.dtype,
+          attention_impl=self.attention_impl, decode=self.decode, dtype=self.dtype,
           param_dtype=self.param_dtype, name=f'decoderblock_{i}')(
               y, encoded, self_mask=self_mask, cross_mask=cross_mask,
               deterministic=not train)
@@ -123,8 +119,7 @@ class Decoder(nn.Module):
       logits = self.embedding.attend(y)
     else:
       logits = nn.Dense(self.output_vocab_size, dtype=self.dtype,
-                        param_dtype=self.param_dtype, name='logits',
-                        dot_general=blas.dot_general_for(self.matmul, self.dtype))(y)
+                        param_dtype=self.param_dtype, name='logits')(y)
     return logits.astype(jnp.float32)  # (B, T, V)
 
 
@@ -150,8 +145,7 @@ class Transformer(nn.Module):
   attention_dropout_rate: float = 0.0
   norm_position: str = 'post'  # 'post' (paper) or 'pre' (more stable when deep).
   activation: str = 'relu'
-  attention_impl: str = 'auto'  # 'auto', 'fused', 'plain', 'chunked', 'blas' (attention.py).
-  matmul: str = 'auto'  # Dense layers: 'auto' (MKL on Intel CPUs), 'xla' or 'blas'.
+  attention_impl: str = 'auto'  # 'auto' or a kernel of attention.KERNELS.
   max_length: int = 2048  # Longest sequence the sinusoidal positions cover.
   cached_decoding: bool = False  # One target token per `decode` call, with a k/v cache.
   dtype: Dtype = jnp.float32
@@ -183,7 +177,7 @@ class Transformer(nn.Module):
         attention_dropout_rate=self.attention_dropout_rate,
         position_embedding='sinusoidal', norm_position=self.norm_position,
         activation=self.activation, attention_impl=self.attention_impl,
-        matmul=self.matmul, max_length=self.max_length, dtype=self.dtype,
+        max_length=self.max_length, dtype=self.dtype,
         param_dtype=self.param_dtype)
     self.decoder = Decoder(
         embedding=self.target_embedding, num_layers=self.num_layers,
@@ -191,7 +185,7 @@ class Transformer(nn.Module):
         output_vocab_size=target_vocab, dropout_rate=self.dropout_rate,
         attention_dropout_rate=self.attention_dropout_rate,
         norm_position=self.norm_position, activation=self.activation,
-        attention_impl=self.attention_impl, matmul=self.matmul,
+        attention_impl=self.attention_impl,
         logits_via_embedding=self.logits_via_embedding, max_length=self.max_length,
         decode=self.cached_decoding, dtype=self.dtype, param_dtype=self.param_dtype)
 

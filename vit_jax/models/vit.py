@@ -13,7 +13,6 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.kernels import blas
 from vit_jax.models.layers import Encoder
 from vit_jax.models.position import sincos_2d
 from vit_jax.models.resnet import resnet_stem
@@ -48,8 +47,7 @@ class VisionTransformer(nn.Module):
   position_embedding: str = 'learned'  # 'learned', 'sincos2d' (fixed) or 'none'.
   resnet_layers: Sequence[int] | None = None  # Hybrid: units per ResNet stage.
   resnet_width_factor: float = 1.0
-  attention_impl: str = 'auto'  # 'auto' (per backend), 'fused', 'plain', 'chunked', 'blas'.
-  matmul: str = 'auto'  # Dense layers: 'auto' (MKL on Intel CPUs), 'xla' or 'blas'.
+  attention_impl: str = 'auto'  # 'auto' (per backend), 'fused', 'plain', 'chunked', ...
   scan_layers: bool = False  # nn.scan over blocks (fast compile for deep models).
   remat: bool = False  # Gradient checkpointing per block.
   head_bias_init: float = 0.0
@@ -91,14 +89,13 @@ class VisionTransformer(nn.Module):
         droppath_rate=self.droppath_rate,
         position_embedding='learned' if self.position_embedding == 'learned' else 'none',
         norm_position='pre', activation='gelu', attention_impl=self.attention_impl,
-        matmul=self.matmul, scan_layers=self.scan_layers, remat=self.remat, dtype=self.dtype,
+        scan_layers=self.scan_layers, remat=self.remat, dtype=self.dtype,
         param_dtype=self.param_dtype, name='Transformer')(x, train=train)
 
     pre_logits = lambda features: features  # noqa: E731
     if self.representation_size is not None:
       dense = nn.Dense(self.representation_size, dtype=self.dtype,
-                       param_dtype=self.param_dtype, name='pre_logits',
-                       dot_general=blas.dot_general_for(self.matmul, self.dtype))
+                       param_dtype=self.param_dtype, name='pre_logits')
       pre_logits = lambda features: jnp.tanh(dense(features))  # noqa: E731
 
     features = pre_logits(jnp.mean(x, axis=1) if self.classifier == 'gap' else x[:, 0])
@@ -112,7 +109,6 @@ class VisionTransformer(nn.Module):
 
   def _head(self, name: str, features: Array) -> Array:
     logits = nn.Dense(self.num_classes, dtype=self.dtype, param_dtype=self.param_dtype,
-                      dot_general=blas.dot_general_for(self.matmul, self.dtype),
                       kernel_init=nn.initializers.zeros,
                       bias_init=nn.initializers.constant(self.head_bias_init),
                       name=name)(features)

@@ -4,6 +4,9 @@ Every field can be set on the command line (`--config.FIELD=VALUE`): fields that
 unset hold a typed placeholder (None until set), so they take a value of their type.
 """
 
+import importlib.util
+import os
+
 import ml_collections
 from ml_collections import config_dict
 
@@ -93,6 +96,9 @@ def _common_config(task: str, model: str) -> ml_collections.ConfigDict:
   # glibc keeps freed memory in one arena for reuse, so XLA's per-step temporary buffers
   # stop page-faulting; the process does not give that memory back to the system.
   config.tune_malloc = True
+  # Float32 Dense layers and attention on CPUs: 'auto' (MKL's BLAS where installed on an
+  # Intel CPU with one device, else XLA), 'xla', or 'blas' (see vit_jax.kernels).
+  config.matmul = 'auto'
   config.keep_checkpoints = 2  # Checkpoints kept in WORKDIR/checkpoints.
   config.visualize = visualize_config()  # trainer=visualize: inputs, layer, output directory.
   return config
@@ -141,6 +147,17 @@ def translation_config(model: str = 'Transformer-base') -> ml_collections.Config
   return config
 
 
+def from_file(spec: str) -> ml_collections.ConfigDict:
+  """The config of a config file, given as --config takes it: 'PATH[:ARGS]'."""
+  path, *argument = spec.split(':', 1)
+  if not os.path.isfile(path):
+    raise errors.MissingFileError(f'The config file {path} does not exist.')
+  module_spec = importlib.util.spec_from_file_location('vit_jax_config_file', path)
+  module = importlib.util.module_from_spec(module_spec)
+  module_spec.loader.exec_module(module)
+  return module.get_config(*argument)
+
+
 _TASK_CONFIGS = {'classification': classification_config, 'translation': translation_config}
 
 
@@ -160,7 +177,7 @@ def from_saved(saved: dict, source: str) -> ml_collections.ConfigDict:
 
   So every field keeps its type (and can be overridden on the command line), and fields
   added since the run was saved take their defaults. Older names are carried over:
-  `mixed_precision=True` became `model.dtype='bfloat16'`.
+  `mixed_precision=True` became `model.dtype='bfloat16'`, `model.matmul` became `matmul`.
   """
   saved = dict(saved)
   task = saved.get('task')
@@ -171,6 +188,9 @@ def from_saved(saved: dict, source: str) -> ml_collections.ConfigDict:
   config = _TASK_CONFIGS[task](model)
   if saved.pop('mixed_precision', False):
     saved.setdefault('model', {})['dtype'] = 'bfloat16'
+  if 'matmul' in saved.get('model', {}):
+    saved['model'] = dict(saved['model'])
+    saved.setdefault('matmul', saved['model'].pop('matmul'))
   unknown = []
   _merge(config, saved, '', unknown)
   if unknown:

@@ -8,7 +8,6 @@ while a config file runs is a bug in it and keeps its traceback.
 """
 
 import difflib
-import importlib.util
 import os
 import sys
 
@@ -85,11 +84,8 @@ def _type_name(value) -> str:
 
 def _load_config(argv: list[str]):
   """The config that --config names (without the overrides), run as config_flags runs it."""
-  path, *arg = _config_spec(argv).split(':', 1)
-  spec = importlib.util.spec_from_file_location('vit_jax_checked_config', path)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module.get_config(*arg)
+  from vit_jax.train import config as config_lib  # pylint: disable=g-import-not-at-top
+  return config_lib.from_file(_config_spec(argv))
 
 
 def _user_error_in_chain(error: BaseException) -> errors.UserError | None:
