@@ -55,7 +55,8 @@ def collect_attention(model, params, *args, **kwargs) -> tuple[Any, dict[str, np
   return output, found
 
 
-def _layer_index(path: str, block: str) -> int:
+def _block_number(path: str, block: str) -> int:
+  """i of `{block}_{i}` in a parameter path; -1 for a scanned stack (no number)."""
   match = re.search(rf'{block}_(\d+)', path)
   return int(match.group(1)) if match else -1
 
@@ -70,9 +71,9 @@ def stack_by_layer(weights: dict[str, np.ndarray], block: str,
   if not paths:
     raise ValueError(f'No attention weights under {block!r} (sublayer {sublayer!r}); '
                      f'found: {sorted(weights)}.')
-  if len(paths) == 1 and _layer_index(paths[0], block) < 0:
+  if len(paths) == 1 and _block_number(paths[0], block) < 0:
     return weights[paths[0]]  # A scanned stack: the layer axis comes first already.
-  return np.stack([weights[p] for p in sorted(paths, key=lambda p: _layer_index(p, block))])
+  return np.stack([weights[p] for p in sorted(paths, key=lambda p: _block_number(p, block))])
 
 
 def vit_attention(model, params, images) -> tuple[np.ndarray, np.ndarray]:

@@ -22,7 +22,8 @@ def _split_inputs(inputs: str) -> list[str]:
   return [item.strip() for item in inputs.split('|') if item.strip()]
 
 
-def _layer_index(layer: int, num_layers: int) -> int:
+def _checked_layer(layer: int, num_layers: int) -> int:
+  """config.visualize.layer as an index in 0..num_layers-1 (negative: from the last)."""
   if not -num_layers <= layer < num_layers:
     raise errors.ConfigError(f'config.visualize.layer={layer} is out of range for a model with '
                              f'{num_layers} layers (use 0..{num_layers - 1}, or -1 for the last).')
@@ -40,7 +41,7 @@ def _image_attention(config, workdir: str, output_dir: str) -> list[str]:
     count = int(batch['mask'].sum())
     inputs, labels = batch['image'][:count], batch['label'][:count]
   logits, weights = visualize.vit_attention(model, params, inputs)
-  layer = _layer_index(config.visualize.layer, weights.shape[0])
+  layer = _checked_layer(config.visualize.layer, weights.shape[0])
   prefix = visualize.num_prefix_tokens(model)
   head_maps = visualize.class_token_maps(weights, layer, prefix)  # Images are square.
   rollouts = visualize.rollout_maps(weights, prefix)
@@ -71,7 +72,7 @@ def _cross_attention(config, workdir: str, output_dir: str) -> list[str]:
   translator = translation.Translator(model, params, tokenizer, config)
   inputs, outputs = translator.translate_ids(sentences)
   weights = visualize.cross_attention(model, params, inputs, outputs)  # (L, B, N, T, S)
-  layer = _layer_index(config.visualize.layer, weights.shape[0])
+  layer = _checked_layer(config.visualize.layer, weights.shape[0])
   paths = []
   for i, sentence in enumerate(sentences):
     source = visualize.token_labels(tokenizer, inputs[i])
