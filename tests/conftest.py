@@ -7,11 +7,17 @@ about a third off `tests/test_train.py` on 2 cores. The environment variables re
 the workers and subprocesses; a cache directory the user set is left alone.
 """
 
+import importlib.util
 import os
 import shutil
 import tempfile
 
 import pytest
+
+# Where timm is installed (for the comparisons), load it first: triton, which torch loads
+# for timm, crashes (SIGSEGV) a process that has loaded TensorFlow before it.
+if importlib.util.find_spec('timm') is not None:
+  import timm  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
 
 _WORKER = 'PYTEST_XDIST_WORKER' in os.environ
 _OWN_CACHE = None

@@ -11,6 +11,7 @@ documented command is tested from the moment it is written down.
 """
 
 import dataclasses
+import importlib.util
 import os
 import pathlib
 import re
@@ -47,6 +48,8 @@ TINY_TEXT = ('--config.total_steps=4 --config.data.vocab_size=40 --config.model.
              '--config.log_every=2 --config.eval_every=0 --config.checkpoint_every=0')
 TINY_BENCH = '--batch 1 --resolution 32 --steps 1 --warmup 0 --rounds 1'
 NO_DOWNLOAD = '--config.data.tfds_download_retries=0'
+# `--compare timm` runs where torch and timm are installed, else says it needs them.
+HAS_TIMM = all(importlib.util.find_spec(name) for name in ('torch', 'timm'))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,6 +88,8 @@ RULES = [
          expect=r'eval at step 4: accuracy|has finished: its latest checkpoint is at step 4'),
     Rule(r'vit_jax\.convert .*--print', '', expect=r'head/kernel +\(768, 1000\)'),
     Rule(r'vit_jax\.convert', '', expect=r'Wrote \S+'),
+    Rule(r'vit_jax\.benchmark .*--compare timm', f'{TINY_BENCH} --num-layers 1',
+         expect=r'ours/timm images/s') if HAS_TIMM else
     Rule(r'vit_jax\.benchmark .*--compare timm', TINY_BENCH,
          error=r'--compare timm needs torch and timm'),
     Rule(r'vit_jax\.benchmark .*--attention-memory', '--model ViT-testing --resolutions 32',

@@ -61,9 +61,10 @@ class TimmRunner:
       raise errors.ConfigError(f'No timm counterpart of {args.model}; --compare timm knows '
                                f'{", ".join(TIMM_NAMES)}.')
     config = models.model_config(args.model)
+    depth = {'depth': args.num_layers} if args.num_layers else {}  # --num-layers, as ours.
     self.model = timm.create_model(
         TIMM_NAMES[args.model], pretrained=False, num_classes=steps.NUM_CLASSES,
-        img_size=args.resolution, drop_path_rate=config.get('droppath_rate', 0.0))
+        img_size=args.resolution, drop_path_rate=config.get('droppath_rate', 0.0), **depth)
     state_dict = weights.to_timm(jax.device_get(params))
     missing, unexpected = self.model.load_state_dict(
         {k: torch.tensor(np.array(v)) for k, v in state_dict.items()}, strict=False)

@@ -91,8 +91,8 @@ def _blas_candidates() -> list[Blas]:
 
 
 def _find_blas() -> tuple[Blas, ctypes.CDLL]:
-  # MKL's OpenMP threads otherwise spin for 200 ms after each product, taking the
-  # cores from XLA's threads between the products (measured: steps ~10% slower).
+  # MKL's OpenMP threads otherwise spin for a while after each product, taking the
+  # cores from XLA's threads between the products.
   # Read when MKL's OpenMP runtime starts; a value set by the user wins.
   os.environ.setdefault('KMP_BLOCKTIME', '0')
   tried = []
