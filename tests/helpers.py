@@ -2,6 +2,8 @@
 
 import json
 import os
+import pathlib
+import re
 import subprocess
 import sys
 
@@ -26,6 +28,28 @@ def user_error(stderr: str) -> str:
   last = stderr.rstrip('\n').rsplit('\n', 1)[-1]
   assert last.startswith('error: '), stderr
   return last
+
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# A narrow digits model, checkpoints every 2 steps (two kept), one evaluation at the end.
+DIGITS_RUN = ['--config=configs/vit_digits.py', '--config.checkpoint_every=2',
+              '--config.eval_every=0', '--config.log_every=1', '--config.batch_size=32',
+              '--config.model.num_layers=1', '--config.model.hidden_size=32',
+              '--config.model.mlp_dim=64', '--config.model.num_heads=2',
+              '--config.eval_batch_size=360']
+
+
+def digits_command(workdir, total_steps: int, *args: str) -> list[str]:
+  """`python -m vit_jax.main` of DIGITS_RUN for `total_steps` steps in `workdir`."""
+  return [sys.executable, '-m', 'vit_jax.main', *DIGITS_RUN, f'--config.total_steps={total_steps}',
+          f'--workdir={workdir}', *args]
+
+
+def final_eval(out: subprocess.CompletedProcess, total_steps: int) -> str:
+  """The last evaluation line of a run that succeeded (what an uninterrupted run must equal)."""
+  match = re.search(rf'eval at step {total_steps}: .*', out.stdout)
+  assert out.returncode == 0 and match, out.stdout + out.stderr
+  return match.group(0)
 
 
 def read_metrics(workdir, split):

@@ -14,6 +14,7 @@ a one-host batch, and the reference is a plain run.
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import read_metrics
+from helpers import read_metrics, user_error
 
 from vit_jax.train import config as config_lib
 from vit_jax.train import distributed
@@ -274,6 +275,35 @@ def test_unreachable_coordinator_fails_within_the_timeout(tmp_path):
   assert f'could not register with the coordinator at {address}' in err
   assert '--distributed_timeout=3s' in err and 'Check that process 0 is running' in err
   assert not os.path.exists(tmp_path / 'run')
+
+
+def test_a_lost_process_is_named_by_the_others(tmp_path):
+  """Process 1 killed mid-training: process 0 exits in one line naming it, within seconds."""
+  address = f'127.0.0.1:{_free_port()}'
+  command = [sys.executable, '-m', 'vit_jax.main', '--config=configs/vit_digits.py',
+             f'--workdir={tmp_path / "run"}', '--config.total_steps=100000',
+             '--config.log_every=5', f'--coordinator_address={address}', '--num_processes=2',
+             '--distributed_heartbeat_timeout=10']
+  first, second = (_start(command + [f'--process_id={i}'], _env(1)) for i in range(2))
+  try:
+    for line in first.stdout:  # Until both train.
+      if line.startswith('step 10/'):
+        break
+    second.kill()
+    killed = time.monotonic()
+    _, err = first.communicate(timeout=60)
+    detected = time.monotonic() - killed
+  finally:
+    for process in (first, second):
+      if process.poll() is None:
+        process.kill()
+      process.communicate()
+  assert first.returncode == 1, err[-3000:]
+  assert re.fullmatch(r'error: Process 0: process 1 of 2 is lost \(the collective failed: .+\)\. '
+                      r'Restart every process of the job with the same command; it resumes '
+                      r'from the last checkpoint; none was written yet\.', user_error(err)), err
+  assert detected < 10 + distributed.ROLL_CALL_SECONDS, detected
+  print(f'lost process detected and named in {detected:.1f} s')
 
 
 # --- Where the settings come from (no processes started) ---------------------------------

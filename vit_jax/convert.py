@@ -28,14 +28,18 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--overwrite', action='store_true', help='replace an existing DST')
   parser.add_argument('--print', dest='print_names', action='store_true',
                       help='list the names and shapes of the arrays in SRC and exit')
+  parser.add_argument('--checkpoint-fallback', action='store_true',
+                      help="a workdir SRC whose latest checkpoint cannot be read: take its "
+                      'newest readable one')
   args = parser.parse_args(argv)
   try:
     if args.print_names:
-      weights.print_names(args.src)
+      weights.print_names(args.src, fall_back=args.checkpoint_fallback)
       return 0
     if args.dst is None:
       parser.error('give DST, or --print to list the arrays of SRC')
-    weights.convert_file(args.src, args.dst, model=args.model, overwrite=args.overwrite)
+    weights.convert_file(args.src, args.dst, model=args.model, overwrite=args.overwrite,
+                         fall_back=args.checkpoint_fallback)
   except BrokenPipeError:  # `--print ... | head`: the reader has all it wants.
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

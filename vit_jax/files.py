@@ -240,3 +240,12 @@ def copy_tree(source: str, destination: str):
     else:
       gfile.makedirs(os.path.dirname(target))
       gfile.copy(os.path.join(source, relative), target, overwrite=True)
+
+
+def move_tree(source: str, destination: str):
+  """Moves directory `source` to `destination` (a rename where the filesystem has one)."""
+  if not is_remote(source) and not is_remote(destination):
+    os.rename(source, destination)
+    return
+  copy_tree(source, destination)  # Object stores have no directory rename.
+  remove_tree(source)

@@ -15,7 +15,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from vit_jax import errors, runtime
-from vit_jax.train import distributed, flag_errors
+from vit_jax.train import distributed, flag_errors, preemption
 
 # Without --config, the config saved in --workdir by an earlier run (flag_errors.parse_flags
 # puts it on the command line, so that it is parsed with the overrides).
@@ -41,6 +41,10 @@ _PROCESS_ID = flags.DEFINE_integer(
 _DISTRIBUTED_TIMEOUT = flags.DEFINE_integer(
     'distributed_timeout', 300,
     'Seconds to wait for all processes to connect to the coordinator before exiting with an error.')
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    'distributed_heartbeat_timeout', 100,
+    'Seconds without a heartbeat after which a process counts as lost; the others then exit '
+    'with an error naming it.')
 
 
 def tune_malloc_for(config) -> None:
@@ -128,7 +132,7 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)  # Orbax and TF are chatty at INFO.
   tune_malloc_for(config)  # First: before JAX, TF or orbax start threads.
   distributed.initialize(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
-                         _PROCESS_ID.value, _DISTRIBUTED_TIMEOUT.value)
+                         _PROCESS_ID.value, _DISTRIBUTED_TIMEOUT.value, _HEARTBEAT_TIMEOUT.value)
   run(config, workdir)
 
 
@@ -138,6 +142,9 @@ def _main_with_errors(argv):
   except errors.UserError as error:
     print(f'error: {" ".join(str(error).split())}', file=sys.stderr)
     sys.exit(1)
+  except preemption.Stopped as stopped:
+    print(str(stopped), file=sys.stderr)
+    sys.exit(stopped.exit_code)
 
 
 if __name__ == '__main__':

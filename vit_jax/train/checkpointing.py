@@ -1,27 +1,89 @@
 """Orbax checkpoints of the training state in WORKDIR/checkpoints, config beside them.
 
 Saves are atomic (orbax writes to a temporary directory and renames it), so a
-run killed at any moment resumes from the last completed save. Workdirs may be local,
-on gs:// (orbax writes there itself), or on any other filesystem tf.io.gfile reaches
-(s3://, hdfs://, ram://, ...): there orbax works on a local copy, and each completed
-save is uploaded (`_Mirror`).
+run killed at any moment resumes from the last completed save; each save is verified
+(its metadata read back) once written. A checkpoint that cannot be read (truncated files
+of a failing disk or an interrupted copy) is reported in one line; training sets it aside
+as `unreadable-STEP` (never deleted) and resumes from the newest readable one, and the
+other readers do so when asked (`fall_back`). A save that fails (a full disk) stops the
+run in one line, its half-written directory removed, the earlier checkpoints intact.
+
+Workdirs may be local, on gs:// (orbax writes there itself), or on any other filesystem
+tf.io.gfile reaches (s3://, hdfs://, ram://, ...): there orbax works on a local copy,
+and each completed save is uploaded (`_Mirror`).
 """
 
+import errno
 import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import time
 
 import jax
 import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
-from vit_jax import errors, files, weights
+from vit_jax import errors, files, progress, weights
 
 _STEP = re.compile(r'\d+')
 _UPLOADED = '.uploaded-{step}'  # Beside an uploaded step directory: it is complete.
+_ASIDE = 'unreadable-{step}'  # Where training moves a checkpoint it cannot read.
+# How the config asks readers other than training to take an older readable checkpoint.
+FALL_BACK_HINT = '--config.checkpoint_fallback=True'
+
+
+class UnreadableCheckpoint(errors.BadFileError):
+  """A checkpoint (or every checkpoint) of a workdir cannot be read."""
+
+
+class CheckpointWriteError(errors.UserError, OSError):
+  """A checkpoint could not be written (e.g. the disk is full)."""
+
+
+def _why(error: BaseException) -> str:
+  """Why a checkpoint read failed: the file TensorStore names last, and its complaint."""
+  text = ' '.join(str(error).split())
+  text = text.split(' [tensorstore_spec=', 1)[0]
+  paths = re.findall(r'local file "([^"]+)"', text)
+  if paths:
+    complaint = text.rsplit(paths[-1] + '":', 1)[-1].strip() or _first_line(error)
+    return f'{paths[-1]}: {complaint}'
+  return _first_line(error)
+
+
+def _first_line(error: BaseException) -> str:
+  """The gist of a TensorStore/orbax error: its first line (it names the file)."""
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  text = lines[0] if lines else type(error).__name__
+  return text if len(text) <= 300 else text[:297] + '...'
+
+
+def _quiet_failed_read_callbacks():
+  """After a failed read, orbax's other pending reads call back into its closed event loop.
+
+  Each would print a 'RuntimeError: Event loop is closed' traceback (through
+  `sys.unraisablehook`) under the one-line report; those, and only those, are dropped.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, 'vit_jax_quiet', False):
+    return
+
+  def hook(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == 'Event loop is closed'):
+      previous(unraisable)
+  hook.vit_jax_quiet = True
+  sys.unraisablehook = hook
+
+
+def _megabytes(num_bytes: float) -> str:
+  if num_bytes < 2**20:
+    return f'{num_bytes / 2**10:,.0f} KB'
+  return f'{num_bytes / 2**20:,.1f} MB'
 
 
 def config_path(workdir: str) -> str:
@@ -66,18 +128,20 @@ def check_task(workdir: str, task: str, role: str = '--workdir'):
         f'use another directory for this {task} config.')
 
 
-def restore_params(workdir: str) -> tuple[dict, int]:
+def restore_params(workdir: str, fall_back: bool = False) -> tuple[dict, int]:
   """The `params` of WORKDIR's latest checkpoint (host numpy arrays) and its step.
+
+  With `fall_back`, an unreadable latest checkpoint gives way to the newest readable one.
 
   Raises:
     MissingFileError: the workdir has no checkpoint.
+    UnreadableCheckpoint: the latest (with `fall_back`: every) checkpoint cannot be read.
   """
   with Checkpointer(workdir) as checkpointer:
-    step = checkpointer.latest_step()
-    if step is None:
+    if checkpointer.latest_step() is None:
       raise errors.MissingFileError(f'No checkpoint in {checkpointer.directory}: train first, '
                                     'or give the workdir of a trained run.')
-    return checkpointer.restore_params(step), step
+    return checkpointer.restore_params(fall_back=fall_back)
 
 
 class _Mirror:
@@ -121,15 +185,17 @@ class _Mirror:
 
 
 class Checkpointer:
-  """Keeps the last `keep` checkpoints of a state pytree; restores the latest."""
+  """Keeps the last `keep` checkpoints of a state pytree; restores the latest readable."""
 
   def __init__(self, workdir: str, keep: int = 2):
     self.directory = files.join(files.absolute(workdir), 'checkpoints')
     self._mirror = None
+    self._unverified = None  # The step of the last save, until it is read back.
     managed = self.directory
     if files.is_remote(self.directory) and not self.directory.startswith('gs://'):
       self._mirror = _Mirror(self.directory)
       managed = self._mirror.local
+    self._managed = managed
     self._manager = ocp.CheckpointManager(
         managed, item_handlers=ocp.StandardCheckpointHandler(),
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
@@ -138,36 +204,178 @@ class Checkpointer:
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
 
+  # --- Saving ---
+
   def save(self, step: int, state) -> None:
-    """Starts an asynchronous save; `close` or the next save completes it.
+    """Starts an asynchronous save; `check`, `close` or the next save completes it.
 
     Mirrored (remote, not gs://) checkpoints are saved and uploaded before it returns.
+
+    Raises:
+      CheckpointWriteError: this save cannot fit on the disk, or the previous one failed.
     """
-    self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+    self.finish()
+    self._check_space(step, state)
+    try:
+      self._manager.save(step, args=ocp.args.StandardSave(state), force=True)
+    except Exception as error:  # pylint: disable=broad-except
+      self._failed_save(step, error)
+    self._unverified = step
     if self._mirror is not None:
-      self._manager.wait_until_finished()
+      self.finish()
       self._mirror.sync()
 
-  def restore(self, abstract_state, step: int | None = None):
-    """Restores into the shapes, dtypes and shardings of `abstract_state`.
+  def check(self):
+    """Raises `CheckpointWriteError` at once if a save running in the background failed."""
+    if self._unverified is None:
+      return
+    try:
+      self._manager.check_for_errors()
+    except Exception as error:  # pylint: disable=broad-except
+      self._failed_save(self._unverified, error)
 
-    A checkpoint written by a model of another shape is refused with the
-    first mismatched parameters named.
+  def finish(self):
+    """Waits for the running save, then reads its metadata back."""
+    if self._unverified is None:
+      return
+    step, self._unverified = self._unverified, None
+    try:
+      self._manager.wait_until_finished()
+    except Exception as error:  # pylint: disable=broad-except
+      self._failed_save(step, error)
+    try:
+      self._manager.reload()
+      self._manager.item_metadata(step)
+    except Exception as error:  # pylint: disable=broad-except
+      raise CheckpointWriteError(
+          f'The checkpoint just written at step {step} in {self.directory} does not read back '
+          f'({_first_line(error)}); check the disk, then run the same command to resume from '
+          'the previous checkpoint.') from None
+
+  def _check_space(self, step: int, state):
+    """Refuses a save that cannot fit, before writing anything."""
+    if files.is_remote(self._managed):
+      return
+    needed = sum(getattr(leaf, 'nbytes', 0) for leaf in jax.tree.leaves(state))
+    needed //= max(jax.process_count(), 1)  # Each process writes its shards.
+    free = shutil.disk_usage(self._managed).free
+    if needed > free:
+      raise CheckpointWriteError(self._no_space(step, needed, free))
+
+  def _no_space(self, step: int, needed: int, free: int) -> str:
+    kept = self._manager.all_steps()
+    earlier = (f'the earlier checkpoints (steps {", ".join(map(str, kept))}) are intact'
+               if kept else 'no earlier checkpoint exists')
+    return (f'No space to save the checkpoint at step {step} in {self.directory}: it needs '
+            f'about {_megabytes(needed)}, {_megabytes(free)} are free; {earlier}. Free some '
+            'space (or set --config.keep_checkpoints lower), then run the same command to '
+            'resume.')
+
+  def _failed_save(self, step: int, error: BaseException):
+    """Removes the half-written step and raises one line about it."""
+    for name in (os.listdir(self._managed) if not files.is_remote(self._managed) else []):
+      if name.startswith(f'{step}.orbax-checkpoint-tmp') or name == str(step):
+        shutil.rmtree(os.path.join(self._managed, name), ignore_errors=True)
+    self._unverified = None
+    self._manager.reload()
+    if self._is_disk_full(error):
+      free = shutil.disk_usage(self._managed).free
+      raise CheckpointWriteError(self._no_space(step, self._last_size(), free)) from None
+    raise CheckpointWriteError(
+        f'Saving the checkpoint at step {step} in {self.directory} failed '
+        f'({_first_line(error)}); the earlier checkpoints are intact. Fix the cause, then run '
+        'the same command to resume.') from None
+
+  @staticmethod
+  def _is_disk_full(error: BaseException) -> bool:
+    text = str(error)
+    return (getattr(error, 'errno', None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+            or 'No space left' in text or 'RESOURCE_EXHAUSTED' in text
+            or 'File too large' in text)
+
+  def _last_size(self) -> int:
+    """Bytes of the newest complete checkpoint on disk (what the failed one needed)."""
+    step = self._manager.latest_step()
+    if step is None:
+      return 0
+    root = os.path.join(self._managed, str(step))
+    return sum(os.path.getsize(os.path.join(root, name)) for name in files.walk_files(root))
+
+  # --- Restoring ---
+
+  def restore(self, abstract_state, step: int | None = None, *, fall_back: bool = False,
+              move_aside: bool = False) -> tuple[int, dict]:
+    """(step, state) of checkpoint `step` (default: the latest), in `abstract_state`'s layout.
+
+    Restores into the shapes, dtypes and shardings of `abstract_state`. A checkpoint
+    written by a model of another shape is refused with the first mismatched parameters
+    named. One that cannot be read is reported in one line; with `fall_back` the next
+    older one is tried, with `move_aside` (training) it is renamed `unreadable-STEP`.
     """
-    step = self.latest_step() if step is None else step
-    self._check_shapes(step, abstract_state)
-    return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    def read(step):
+      self._check_shapes(step, abstract_state)
+      return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+    return self._first_readable(read, step, fall_back, move_aside)
 
-  def restore_params(self, step: int | None = None) -> dict:
-    """The `params` of a checkpoint as host numpy arrays, whatever the model's shapes."""
-    step = self.latest_step() if step is None else step
+  def restore_params(self, step: int | None = None, *,
+                     fall_back: bool = False) -> tuple[dict, int]:
+    """(params as host numpy arrays, step) of a checkpoint, whatever the model's shapes."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+    def read(step):
+      abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
+                              dict(self._manager.item_metadata(step)))
+      restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
+      return jax.tree.map(np.asarray, restored['params'])
+    step, params = self._first_readable(read, step, fall_back, move_aside=False)
+    return params, step
+
+  def _first_readable(self, read, step: int | None, fall_back: bool, move_aside: bool):
+    steps = sorted(self._manager.all_steps(), reverse=True)
+    if step is None:
+      step = steps[0] if steps else None
     if step is None:
       raise errors.MissingFileError(f'No checkpoint in {self.directory}.')
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-    abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                            dict(self._manager.item_metadata(step)))
-    restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-    return jax.tree.map(np.asarray, restored['params'])
+    candidates = [s for s in steps if s <= step] or [step]
+    problems = []
+    for i, candidate in enumerate(candidates):
+      try:
+        return candidate, read(candidate)
+      except errors.UserError:
+        raise
+      except Exception as error:  # pylint: disable=broad-except
+        _quiet_failed_read_callbacks()
+        problem = f'step {candidate}: {_why(error)}'
+        if move_aside:
+          problem += f' (moved to {self._move_aside(candidate)})'
+        problems.append(problem)
+        older = candidates[i + 1] if i + 1 < len(candidates) else None
+        if not (fall_back or move_aside) or older is None:
+          break
+        progress.log(f'The checkpoint at {problem} in {self.directory} cannot be read; '
+                     f'trying step {older}.')
+    older = [s for s in steps if s < step]
+    if fall_back or move_aside:
+      raise UnreadableCheckpoint(
+          f'No checkpoint in {self.directory} can be read ({"; ".join(problems)}). Rerun with '
+          'a new --workdir to start afresh' + (', or rerun the same command to train from '
+                                               'step 0' if move_aside else '') + '.')
+    hint = (f'; {FALL_BACK_HINT} takes the newest readable one (step {older[0]} or older)'
+            if older else '; there is no older checkpoint')
+    raise UnreadableCheckpoint(f'The checkpoint at {problems[0]} in {self.directory} cannot '
+                               f'be read{hint}.')
+
+  def _move_aside(self, step: int) -> str:
+    """Renames checkpoint `step` to `unreadable-STEP`, which the manager ignores."""
+    name = _ASIDE.format(step=step)
+    if files.exists(files.join(self.directory, name)):
+      name += f'-{time.strftime("%Y%m%d-%H%M%S")}'
+    if self._mirror is not None:
+      files.move_tree(files.join(self.directory, str(step)), files.join(self.directory, name))
+      files.remove_tree(files.join(self.directory, _UPLOADED.format(step=step)))
+    files.move_tree(files.join(self._managed, str(step)), files.join(self._managed, name))
+    self._manager.reload()
+    return files.join(self.directory, name)
 
   def _check_shapes(self, step: int, abstract_state):
     stored = dict(self._manager.item_metadata(step))
@@ -195,9 +403,11 @@ class Checkpointer:
     self.close()
 
   def close(self):
-    self._manager.wait_until_finished()
-    self._manager.close()
-    if self._mirror is not None:
-      self._mirror.sync()
-      self._mirror.close()
-
+    """Completes the running save (raising if it failed) and releases the manager."""
+    try:
+      self.finish()
+    finally:
+      self._manager.close()
+      if self._mirror is not None:
+        self._mirror.sync()
+        self._mirror.close()

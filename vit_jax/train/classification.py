@@ -24,14 +24,15 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float =
   return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
 
 
-def read_weights(path: str, role: str = 'config.pretrained') -> dict:
+def read_weights(path: str, role: str = 'config.pretrained', fall_back: bool = False) -> dict:
   """The params stored at `path`: a published .npz (any filesystem) or a classification workdir.
 
-  `role` names the config field in errors (config.pretrained, config.teacher).
+  `role` names the config field in errors (config.pretrained, config.teacher); `fall_back`
+  takes a workdir's newest readable checkpoint when its latest cannot be read.
   """
   if files.isdir(path):
     checkpointing.check_task(path, 'classification', role)
-    return checkpointing.restore_params(path)[0]
+    return checkpointing.restore_params(path, fall_back)[0]
   if path.endswith('.npz') or files.is_remote(path):
     return weights.load_npz(path)
   raise errors.ConfigError(f'Cannot load weights from {role}={path!r}: expected a .npz '
@@ -39,9 +40,9 @@ def read_weights(path: str, role: str = 'config.pretrained') -> dict:
 
 
 def load_weights(path: str, init_params: Any, reinit_head: bool = False,
-                 role: str = 'config.pretrained') -> Any:
+                 role: str = 'config.pretrained', fall_back: bool = False) -> Any:
   """Weights from a published .npz or a vit_jax workdir, fitted to `init_params`."""
-  return weights.load_pretrained(read_weights(path, role), init_params,
+  return weights.load_pretrained(read_weights(path, role, fall_back), init_params,
                                  reinit_head=reinit_head, source_name=path)
 
 
@@ -78,7 +79,8 @@ class ClassificationTask(task.BatchedTask):
       model_config = config_lib.model_config(self.config.teacher_model)
     teacher = config_lib.build_model(model_config, num_classes=self.data.num_classes)
     init = jax.eval_shape(lambda: teacher.init(jax.random.PRNGKey(0), self._dummy_images()))
-    params = load_weights(path, init['params'], role='config.teacher')
+    params = load_weights(path, init['params'], role='config.teacher',
+                          fall_back=self.config.checkpoint_fallback)
     progress.log(f'Distilling from teacher {model_config.name} at {path}.')
     return teacher, params
 
@@ -92,7 +94,8 @@ class ClassificationTask(task.BatchedTask):
       return params
     progress.log(f'Loading pretrained weights from {self.config.pretrained}.')
     return load_weights(self.config.pretrained, jax.device_get(params),
-                        reinit_head=self.config.reinit_head)
+                        reinit_head=self.config.reinit_head,
+                        fall_back=self.config.checkpoint_fallback)
 
   def frozen_params(self):
     return self._teacher_params

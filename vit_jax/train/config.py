@@ -100,6 +100,10 @@ def _common_config(task: str, model: str) -> ml_collections.ConfigDict:
   # Intel CPU with one device, else XLA), 'xla', or 'blas' (see vit_jax.kernels).
   config.matmul = 'auto'
   config.keep_checkpoints = 2  # Checkpoints kept in WORKDIR/checkpoints.
+  # When WORKDIR's latest checkpoint cannot be read, evaluate, predict, translate, visualize
+  # and a workdir as pretrained or teacher stop with an error; True takes the newest readable
+  # one instead. (Training always resumes from the newest readable one.)
+  config.checkpoint_fallback = False
   config.visualize = visualize_config()  # trainer=visualize: inputs, layer, output directory.
   return config
 

@@ -7,6 +7,10 @@ match wins: the --coordinator_address / --num_processes / --process_id flags,
 the environment variables JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
 JAX_PROCESS_ID, then JAX's detection of the launcher (Slurm, Open MPI; with
 `mode='on'` also Cloud TPU and Kubernetes).
+
+When a process dies, the others' next collective fails (on CPUs within seconds; where a
+collective would wait instead, JAX's heartbeat, --distributed_heartbeat_timeout, ends it);
+`exit_lost_process` then finds which process is gone and exits with one line naming it.
 """
 
 import collections
@@ -14,7 +18,8 @@ import dataclasses
 import os
 import sys
 import threading
-from typing import Mapping
+import time
+from typing import Mapping, NoReturn
 
 import jax
 from jax.experimental import multihost_utils
@@ -150,7 +155,7 @@ def _give_up(message: str):
 
 def initialize(mode: str = 'auto', coordinator_address: str | None = None,
                num_processes: int | None = None, process_id: int | None = None,
-               timeout: int = 300) -> bool:
+               timeout: int = 300, heartbeat_timeout: int = 100) -> bool:
   """Starts JAX's distributed runtime when `settings` asks for it; True if it did.
 
   A process that is not connected to all others within `timeout` seconds exits with status 1
@@ -170,7 +175,8 @@ def initialize(mode: str = 'auto', coordinator_address: str | None = None,
     jax.distributed.initialize(coordinator_address=config.coordinator_address,
                                num_processes=config.num_processes,
                                process_id=config.process_id,
-                               initialization_timeout=timeout)
+                               initialization_timeout=timeout,
+                               heartbeat_timeout_seconds=heartbeat_timeout)
   except ValueError as error:  # Nothing detected to fill in what is missing.
     raise errors.ConfigError(
         f'JAX could not complete the distributed settings (from {config.source}): {error} '
@@ -217,3 +223,46 @@ def first_n_share(local_count: int, n: int) -> int:
   counts = multihost_utils.process_allgather(np.int32(local_count))
   before = int(np.sum(counts[:jax.process_index()]))
   return max(0, min(local_count, n - before))
+
+
+_ROLL_CALL = 'vit_jax/alive/'  # Keys the surviving processes set after a failed collective.
+ROLL_CALL_SECONDS = 5.0  # How long the survivors wait for each other's answer.
+
+
+def _client():
+  from jax._src import distributed as jax_distributed  # pylint: disable=g-import-not-at-top
+  return jax_distributed.global_state.client
+
+
+def lost_processes(wait: float = ROLL_CALL_SECONDS) -> list[int]:
+  """The processes that do not answer a roll call in the coordinator's key-value store.
+
+  Every survivor of a failed collective writes its key and waits `wait` seconds for the
+  others'; when the coordinator itself is gone (process 0), nobody can answer.
+  """
+  client, count = _client(), jax.process_count()
+  try:
+    client.key_value_set(f'{_ROLL_CALL}{jax.process_index()}', 'alive')
+    deadline = time.monotonic() + wait
+    while True:
+      present = {int(key.rsplit('/', 1)[-1]) for key, _ in client.key_value_dir_get(_ROLL_CALL)}
+      if len(present) == count or time.monotonic() > deadline:
+        return sorted(set(range(count)) - present)
+      time.sleep(0.2)
+  except Exception:  # pylint: disable=broad-except
+    return [0]  # The coordinator, which process 0 hosts, does not answer.
+
+
+def exit_lost_process(error: BaseException, resume: str) -> NoReturn:
+  """After a collective failed: one line naming the lost process(es), then exit 1 at once.
+
+  JAX's own shutdown would wait for the lost process and abort with a stack dump.
+  """
+  lost = lost_processes()
+  count = jax.process_count()
+  who = (f'process {", ".join(map(str, lost))} of {count} ' +
+         ('is' if len(lost) == 1 else 'are') + ' lost' if lost else
+         f'a process of the {count} failed')
+  reason = ' '.join(str(error).split())[:300]
+  _give_up(f'Process {jax.process_index()}: {who} (the collective failed: {reason}). Restart '
+           f'every process of the job with the same command; {resume}')

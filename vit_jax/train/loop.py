@@ -21,7 +21,7 @@ import optax
 from vit_jax import errors, progress
 from vit_jax.models import partitioning
 from vit_jax.train import checkpointing, config as config_lib, mesh as mesh_lib
-from vit_jax.train import metrics as metrics_lib, optim
+from vit_jax.train import distributed, metrics as metrics_lib, optim, preemption
 
 State = dict[str, Any]  # {'step', 'params', 'opt_state', 'rng'}
 
@@ -198,11 +198,12 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
 
   start_step = checkpointer.latest_step()
-  if start_step is not None and start_step >= config.total_steps:
-    checkpointer.close()
-    return _finished(config, workdir, task, start_step, mesh, target)
   if start_step is not None:
-    state = checkpointer.restore(target)
+    # The newest readable checkpoint; unreadable newer ones are set aside, said in one line.
+    start_step, state = checkpointer.restore(target, move_aside=True)
+    if start_step >= config.total_steps:
+      checkpointer.close()
+      return _finished(config, workdir, task, start_step, mesh, state['params'])
     progress.log(f'Resumed from the checkpoint at step {start_step} in '
                  f'{checkpointer.directory}.')
   else:
@@ -227,60 +228,90 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   timer = metrics_lib.Progress(start_step, config.total_steps, config.batch_size)
   eval_sums = jax.jit(task.eval_sums)  # Compiled once, reused by every evaluation.
   batches = _prefetch(task.train_batches(start_step), mesh)
-  pending: list[tuple[int, dict]] = []
-  last_eval = {}
   mesh_desc = ', '.join(f'{axis} {size}' for axis, size in mesh.shape.items())
   num_params = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(target['params']))
   progress.log(f'Model {config_lib.describe_model(config.model)}: {num_params:,} parameters.')
   progress.log(f'Training {config.total_steps} steps of batch {config.batch_size} on '
                f'{mesh.size} device(s) ({jax.devices()[0].platform}; mesh {mesh_desc}), '
                f'from step {start_step}; workdir {workdir}.')
+  stop = preemption.StopRequests()
   try:
-    for step in range(start_step + 1, config.total_steps + 1):
-      wait_start = time.perf_counter()
-      batch = next(batches)
-      timer.add_data_wait(time.perf_counter() - wait_start)
-      state, step_metrics = train_step(state, batch, frozen)
-      pending.append((step, step_metrics))
-
-      is_last = step == config.total_steps
-      do_eval = is_last or (config.eval_every and step % config.eval_every == 0)
-      do_save = is_last or (config.checkpoint_every and step % config.checkpoint_every == 0)
-      if do_eval or do_save or step % config.log_every == 0:
-        pending = jax.device_get(pending)
-        bad_step = _first_nonfinite(pending)
-        if bad_step is not None:
-          last_good = checkpointer.latest_step()
-          raise TrainingDiverged(
-              f'The loss became {pending[bad_step - pending[0][0]][1]["loss"]} at step '
-              f'{bad_step}; training stopped. The last good checkpoint is step '
-              f'{last_good} in {checkpointer.directory}. Lower the learning rate or '
-              'enable gradient clipping, then rerun to resume from it.')
-        train_metrics = _mean_metrics(pending)
-        stats = timer.report(step)
-        writer.write(step, 'train', {**train_metrics, **stats})
-        progress.log(
-            f'step {step}/{config.total_steps}  loss {train_metrics["loss"]:.4f}  '
-            f'lr {train_metrics["learning_rate"]:.2e}  '
-            f'{stats["examples_per_sec"]:.0f} ex/s  '
-            f'data wait {100 * stats["data_wait_fraction"]:.0f}%  '
-            f'ETA {progress.format_duration(stats["eta"])}')
-        pending = []
-      if do_eval:
-        last_eval = evaluate_params(task, state['params'], mesh, eval_sums)
-        writer.write(step, 'test', last_eval)
-        progress.log(f'eval at step {step}: ' + '  '.join(
-            f'{k} {v:.4f}' for k, v in last_eval.items()))
-      if do_save:
-        checkpointer.save(step, state)
+    with stop:
+      last_eval = _train_steps(config, task, state, frozen, train_step, batches, start_step,
+                               checkpointer, writer, timer, mesh, eval_sums, stop)
     progress.log(timer.summary())
+  except jax.errors.JaxRuntimeError as error:
+    if jax.process_count() == 1:
+      raise
+    last = checkpointer.latest_step()
+    distributed.exit_lost_process(error, 'it resumes from the last checkpoint' + (
+        f' (step {last}).' if last is not None else '; none was written yet.'))
   finally:
     checkpointer.close()
     writer.close()
   return last_eval
 
 
-def _finished(config, workdir: str, task: Task, step: int, mesh, target: State) -> dict:
+def _train_steps(config, task: Task, state: State, frozen, train_step, batches, start_step: int,
+                 checkpointer: checkpointing.Checkpointer, writer, timer, mesh, eval_sums,
+                 stop: preemption.StopRequests) -> dict:
+  """Steps start_step + 1 .. total_steps, with logging, evaluation and checkpoints."""
+  pending: list[tuple[int, dict]] = []
+  last_eval = {}
+  for step in range(start_step + 1, config.total_steps + 1):
+    wait_start = time.perf_counter()
+    batch = next(batches)
+    timer.add_data_wait(time.perf_counter() - wait_start)
+    state, step_metrics = train_step(state, batch, frozen)
+    pending.append((step, step_metrics))
+    checkpointer.check()  # A save that failed in the background stops the run now.
+
+    is_last = step == config.total_steps
+    do_eval = is_last or (config.eval_every and step % config.eval_every == 0)
+    do_save = is_last or (config.checkpoint_every and step % config.checkpoint_every == 0)
+    if do_eval or do_save or step % config.log_every == 0:
+      pending = jax.device_get(pending)
+      bad_step = _first_nonfinite(pending)
+      if bad_step is not None:
+        checkpointer.finish()
+        last_good = checkpointer.latest_step()
+        resume = (f'The last good checkpoint is step {last_good} in {checkpointer.directory}. '
+                  'Lower the learning rate or enable gradient clipping, then rerun to resume '
+                  'from it.' if last_good is not None else
+                  'No checkpoint was written yet. Lower the learning rate or enable gradient '
+                  'clipping, then rerun to start again from step 0.')
+        raise TrainingDiverged(
+            f'The loss became {pending[bad_step - pending[0][0]][1]["loss"]} at step '
+            f'{bad_step}; training stopped. {resume}')
+      train_metrics = _mean_metrics(pending)
+      stats = timer.report(step)
+      writer.write(step, 'train', {**train_metrics, **stats})
+      progress.log(
+          f'step {step}/{config.total_steps}  loss {train_metrics["loss"]:.4f}  '
+          f'lr {train_metrics["learning_rate"]:.2e}  '
+          f'{stats["examples_per_sec"]:.0f} ex/s  '
+          f'data wait {100 * stats["data_wait_fraction"]:.0f}%  '
+          f'ETA {progress.format_duration(stats["eta"])}')
+      pending = []
+    if do_eval:
+      last_eval = evaluate_params(task, state['params'], mesh, eval_sums)
+      writer.write(step, 'test', last_eval)
+      progress.log(f'eval at step {step}: ' + '  '.join(
+          f'{k} {v:.4f}' for k, v in last_eval.items()))
+    if do_save:
+      checkpointer.save(step, state)
+    if not is_last and stop.requested(step):
+      if not do_save:
+        checkpointer.save(step, state)
+      checkpointer.finish()
+      raise preemption.Stopped(
+          f'Stopped by {stop.name()} at step {step} of {config.total_steps}: the checkpoint '
+          f'of step {step} is in {checkpointer.directory}. Run the same command to resume.',
+          stop.signum)
+  return last_eval
+
+
+def _finished(config, workdir: str, task: Task, step: int, mesh, params) -> dict:
   """A rerun of a finished run: says so, and returns its evaluation at `step`."""
   progress.log(f'{workdir} has finished: its latest checkpoint is at step {step} of '
                f'config.total_steps={config.total_steps}. Raise --config.total_steps to train '
@@ -291,9 +322,7 @@ def _finished(config, workdir: str, task: Task, step: int, mesh, target: State) 
       progress.log(f'eval at step {step}: ' + '  '.join(f'{k} {v:.4f}'
                                                         for k, v in results.items()))
       return results
-  with checkpointing.Checkpointer(workdir) as checkpointer:
-    state = checkpointer.restore(target, step)
-  return _evaluate_and_write(workdir, task, state['params'], step, mesh)
+  return _evaluate_and_write(workdir, task, params, step, mesh)
 
 
 def _evaluate_and_write(workdir: str, task: Task, params, step: int, mesh) -> dict:
@@ -311,11 +340,10 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dic
   mesh = mesh_lib.make_mesh(config.mesh_shape)
   mesh_lib.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
   with checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints) as checkpointer:
-    step = checkpointer.latest_step()
-    if step is None:
+    if checkpointer.latest_step() is None:
       raise errors.MissingFileError(f'No checkpoint to evaluate in {checkpointer.directory}; '
                                     'train first, or point --workdir at a trained run.')
     tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
     target, _ = abstract_state(task, tx, mesh, config)
-    state = checkpointer.restore(target, step)
+    step, state = checkpointer.restore(target, fall_back=config.checkpoint_fallback)
   return _evaluate_and_write(workdir, task, state['params'], step, mesh)

@@ -77,9 +77,8 @@ def load_model_and_params(config: ml_collections.ConfigDict, workdir: str | None
   image_shape = (config.data.image_size, config.data.image_size, config.data.channels)
   if workdir is not None:
     with checkpointing.Checkpointer(workdir) as checkpointer:
-      step = checkpointer.latest_step()
-      if step is not None:
-        params = checkpointer.restore_params(step)
+      if checkpointer.latest_step() is not None:
+        params, step = checkpointer.restore_params(fall_back=config.checkpoint_fallback)
         model = config_lib.build_model(config.model, num_classes=_num_classes(params))
         return model, params, f'{checkpointer.directory} at step {step}'
   if not config.get('pretrained'):
@@ -89,7 +88,7 @@ def load_model_and_params(config: ml_collections.ConfigDict, workdir: str | None
         'pass published weights with --config.pretrained=FILE.npz (and the model with '
         '--config=configs/vit.py:MODEL,DATASET).')
   path = config.pretrained
-  source = classification.read_weights(path)
+  source = classification.read_weights(path, fall_back=config.checkpoint_fallback)
   model = config_lib.build_model(config.model, num_classes=_num_classes(source))
   init = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, *image_shape))))
   native = _checkpoint_image_size(weights.canonicalize(source), model)

@@ -167,7 +167,7 @@ def translate(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   """Translates lines from `config.input_file` or stdin to stdout with the latest checkpoint."""
   tokenizer = vocabulary.load_tokenizer(config.data, workdir)
   model = config_lib.build_model(config.model, vocab_size=tokenizer.vocab_size)
-  params, _ = checkpointing.restore_params(workdir)
+  params, _ = checkpointing.restore_params(workdir, config.checkpoint_fallback)
   outputs = Translator(model, params, tokenizer, config).translate(list(_read_lines(config)))
   for line in outputs:
     print(line)

@@ -33,11 +33,15 @@ def file_format(path: str) -> str:
   return FORMATS[extension]
 
 
-def read_published(path: str, *, model: str | None = None) -> FlatParams:
-  """Any supported file -> flat params in the published layout (canonical names)."""
+def read_published(path: str, *, model: str | None = None,
+                   fall_back: bool = False) -> FlatParams:
+  """Any supported file -> flat params in the published layout (canonical names).
+
+  `fall_back`: a workdir's newest readable checkpoint when its latest cannot be read.
+  """
   kind = file_format(path)
   if kind == 'orbax':
-    return canonicalize(read_orbax(path))
+    return canonicalize(read_orbax(path, fall_back))
   if kind == 'npz':
     return canonicalize(load_npz(path))
   state_dict = load_safetensors(path)
@@ -79,13 +83,13 @@ def check_against_model(flat: FlatParams, name: str) -> None:
 
 
 def convert_file(src: str, dst: str, *, model: str | None = None,
-                 overwrite: bool = False) -> None:
+                 overwrite: bool = False, fall_back: bool = False) -> None:
   """Converts SRC to DST (formats from the extensions); DST is written all or nothing."""
   dst_format = file_format(dst)
   file_format(src)
   if files.exists(dst) and not overwrite:
     raise FileExistsError(f'{dst} already exists; pass --overwrite to replace it.')
-  flat = read_published(src, model=model)
+  flat = read_published(src, model=model, fall_back=fall_back)
   if model is not None:
     check_against_model(flat, model)
   if dst_format == 'npz':
@@ -96,14 +100,14 @@ def convert_file(src: str, dst: str, *, model: str | None = None,
     save_safetensors(dst, to_timm(flat), overwrite=overwrite)
 
 
-def print_names(path: str, out=None) -> None:
+def print_names(path: str, out=None, fall_back: bool = False) -> None:
   """Lists the arrays of a checkpoint file as stored: name, shape, dtype."""
   out = out or sys.stdout
   kind = file_format(path)
   if kind == 'npz':
     arrays = flatten_params(load_npz(path))
   elif kind == 'orbax':
-    arrays = flatten_params(read_orbax(path))
+    arrays = flatten_params(read_orbax(path, fall_back))
   else:
     arrays = load_safetensors(path)
   width = max((len(name) for name in arrays), default=0)

@@ -104,12 +104,15 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
                               'it again.') from e
 
 
-def read_orbax(path: str) -> dict:
-  """The params of the latest orbax checkpoint in the workdir `path` (nested, numpy)."""
+def read_orbax(path: str, fall_back: bool = False) -> dict:
+  """The params of the latest orbax checkpoint in the workdir `path` (nested, numpy).
+
+  With `fall_back`, an unreadable latest checkpoint gives way to the newest readable one.
+  """
   from vit_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(os.path.join(path, 'checkpoints')):
     raise errors.ConfigError(f'{path} is not a vit_jax workdir: it has no checkpoints/ directory.')
-  return checkpointing.restore_params(path)[0]
+  return checkpointing.restore_params(path, fall_back)[0]
 
 
 def write_orbax(path: str, params: Mapping[str, Any], *, overwrite: bool = False) -> None:

@@ -1,0 +1,125 @@
+"""Checkpoints that fail, from the command line: a corrupt latest checkpoint, a full disk.
+
+Each case runs `python -m vit_jax.main` in a subprocess on real files, and ends equal to the
+uninterrupted run (the digits model is deterministic on the CPU).
+"""
+
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from helpers import REPO, digits_command, final_eval, user_error
+
+STEPS = 8  # Checkpoints at 2, 4, 6 and 8; two kept.
+
+
+def run_main(workdir, *args) -> subprocess.CompletedProcess:
+  return subprocess.run(digits_command(workdir, STEPS, *args), capture_output=True, text=True,
+                        cwd=REPO, timeout=300)
+
+
+@pytest.fixture(scope='module')
+def finished(tmp_path_factory):
+  """An uninterrupted run: (its workdir, its final evaluation line)."""
+  workdir = tmp_path_factory.mktemp('uninterrupted') / 'run'
+  return workdir, final_eval(run_main(workdir), STEPS)
+
+
+def _truncate_arrays(step_dir: pathlib.Path):
+  """Cuts every array data file of a checkpoint to half, as a failing disk leaves them."""
+  cut = 0
+  for path in step_dir.rglob('*'):
+    if path.is_file() and '/d/' in str(path) and path.stat().st_size > 64:
+      path.write_bytes(path.read_bytes()[:path.stat().st_size // 2])
+      cut += 1
+  assert cut, sorted(str(p) for p in step_dir.rglob('*'))
+
+
+def test_a_corrupt_latest_checkpoint_is_set_aside_and_training_resumes(finished, tmp_path):
+  reference_dir, reference = finished
+  workdir = tmp_path / 'run'
+  shutil.copytree(reference_dir, workdir)
+  (workdir / 'metrics.jsonl').unlink()  # So the rerun trains instead of reporting a finish.
+  _truncate_arrays(workdir / 'checkpoints' / '8')
+
+  # Readers other than training say what is wrong in one line, and fall back only when asked.
+  out = run_main(workdir, '--config.trainer=evaluate')
+  assert re.fullmatch(r'error: The checkpoint at step 8: .+ in \S+/checkpoints cannot be read; '
+                      r'--config\.checkpoint_fallback=True takes the newest readable one '
+                      r'\(step 6 or older\)\.', user_error(out.stderr)), out.stderr
+  out = run_main(workdir, '--config.trainer=evaluate', '--config.checkpoint_fallback=True')
+  assert out.returncode == 0 and 'eval of step 6:' in out.stdout, out.stdout + out.stderr
+  assert 'The checkpoint at step 8: ' in out.stdout and 'trying step 6' in out.stdout
+  out = subprocess.run([sys.executable, '-m', 'vit_jax.convert', str(workdir),
+                        str(tmp_path / 'out.npz')], capture_output=True, text=True, cwd=REPO)
+  assert 'cannot be read; --config.checkpoint_fallback' in user_error(out.stderr)
+
+  # Training sets the broken one aside, resumes from step 6, and ends as if nothing happened.
+  out = run_main(workdir)
+  assert final_eval(out, STEPS) == reference
+  assert 'Resumed from the checkpoint at step 6' in out.stdout
+  notes = [line for line in out.stdout.splitlines() if 'cannot be read' in line]
+  assert len(notes) == 1 and 'moved to' in notes[0] and 'unreadable-8' in notes[0], notes
+  assert (workdir / 'checkpoints' / 'unreadable-8').is_dir()  # Kept, never deleted.
+  assert (workdir / 'checkpoints' / '8').is_dir()  # Written again by the rerun.
+
+
+def test_no_readable_checkpoint_is_one_line(finished, tmp_path):
+  workdir = tmp_path / 'run'
+  shutil.copytree(finished[0], workdir)
+  for step in ('6', '8'):
+    _truncate_arrays(workdir / 'checkpoints' / step)
+  out = run_main(workdir, '--config.trainer=evaluate', '--config.checkpoint_fallback=True')
+  assert re.fullmatch(r'error: No checkpoint in \S+ can be read \(step 8: .+; step 6: .+\)\. '
+                      r'Rerun with a new --workdir to start afresh\.', user_error(out.stderr))
+
+
+def _tmpfs_runner():
+  """A command prefix that runs a shell script with its own tmpfs mounts, or None."""
+  if shutil.which('unshare') is None:
+    return None
+  probe = subprocess.run(['unshare', '-rm', 'sh', '-c', 'mount -t tmpfs -o size=1m none /mnt'],
+                         capture_output=True)
+  return ['unshare', '-rm', 'sh', '-c'] if probe.returncode == 0 else None
+
+
+def test_a_full_disk_stops_in_one_line_and_the_rerun_finishes(finished, tmp_path):
+  runner = _tmpfs_runner()
+  if runner is None:
+    pytest.skip('cannot mount a tmpfs here (unshare -rm)')
+  reference_dir, reference = finished
+  checkpoint_bytes = sum(p.stat().st_size for p in (reference_dir / 'checkpoints' / '8').rglob('*')
+                         if p.is_file())
+  disk = tmp_path / 'disk'
+  disk.mkdir()
+  workdir = disk / 'run'
+  command = ' '.join(digits_command(workdir, STEPS))
+  # Room for the config, the metrics and two checkpoints, not a third (kept = 2 + the new one).
+  size_kb = (2 * checkpoint_bytes + checkpoint_bytes // 2) // 1024 + 64
+  script = f'''
+mount -t tmpfs -o size={size_kb}k none {disk}
+cd {REPO}
+{command} > {tmp_path}/full.out 2> {tmp_path}/full.err
+echo $? > {tmp_path}/full.rc
+ls {workdir}/checkpoints > {tmp_path}/full.ls
+mount -o remount,size=64m {disk}
+{command} > {tmp_path}/rerun.out 2> {tmp_path}/rerun.err
+echo $? > {tmp_path}/rerun.rc
+'''
+  subprocess.run([*runner, script], check=True, timeout=600, env={**os.environ})
+  full_err = (tmp_path / 'full.err').read_text()
+  assert (tmp_path / 'full.rc').read_text().strip() == '1', full_err
+  assert re.fullmatch(r'error: No space to save the checkpoint at step \d+ in \S+/checkpoints: it '
+                      r'needs about [\d.,]+ [KM]B, [\d.,]+ [KM]B are free; the earlier checkpoints '
+                      r'\(steps \d+, \d+\) are intact\. Free some space .*resume\.',
+                      user_error(full_err)), full_err
+  assert 'Traceback' not in full_err
+  kept = (tmp_path / 'full.ls').read_text().split()
+  assert [name for name in kept if 'tmp' in name] == [], kept  # Nothing half-written.
+  rerun = (tmp_path / 'rerun.out').read_text()
+  assert (tmp_path / 'rerun.rc').read_text().strip() == '0', (tmp_path / 'rerun.err').read_text()
+  assert re.search(r'eval at step 8: .*', rerun).group(0) == reference
