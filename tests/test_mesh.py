@@ -74,7 +74,7 @@ EIGHT_DEVICES = textwrap.dedent('''
       config = vit_config(mesh_shape=shape, **VIT)
       mesh = mesh_lib.make_mesh(shape)
       target, _ = loop.abstract_state(task, tx, mesh, config)
-      states[shape] = checkpointing.Checkpointer(saved).restore(target)
+      _, states[shape] = checkpointing.Checkpointer(saved).restore(target)
     flat = lambda state: [np.asarray(x) for x in jax.tree.leaves(state)]
     results['restored_equal'] = all(np.array_equal(a, b) for a, b in zip(
         flat(states[(8, 1, 1)]), flat(states[(2, 2, 2)])))
@@ -156,7 +156,7 @@ def test_checkpoint_moves_between_meshes_and_device_counts(eight_devices, tmp_pa
   # On one device (this process): the same values, and training continues the same way.
   workdir = str(tmp_path / 'one_device')
   shutil.copytree(out / 'for_one_device', workdir)
-  params = checkpointing.Checkpointer(workdir).restore_params()
+  params, _ = checkpointing.Checkpointer(workdir).restore_params()
   saved = np.load(out / 'saved_params.npz')
   leaves = jax.tree.leaves(params)
   assert len(leaves) == len(saved.files)

@@ -15,6 +15,7 @@ and each completed save is uploaded (`_Mirror`).
 
 import errno
 import json
+import logging
 import os
 import re
 import shutil
@@ -44,6 +45,23 @@ class CheckpointWriteError(errors.UserError, OSError):
   """A checkpoint could not be written (e.g. the disk is full)."""
 
 
+class _SaveErrorTraceback(logging.Filter):
+  """Drops orbax's error logs that carry a traceback (a failed background save or read).
+
+  The exception itself reaches `Checkpointer`, which reports it in one line.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not ('orbax' in record.pathname and record.levelno >= logging.ERROR
+                and (record.exc_info or 'raised an exception' in record.getMessage()))
+
+
+def _quiet_orbax_save_errors():
+  logger = logging.getLogger('absl')  # Where orbax logs, through absl.logging.
+  if not any(isinstance(f, _SaveErrorTraceback) for f in logger.filters):
+    logger.addFilter(_SaveErrorTraceback())
+
+
 def _why(error: BaseException) -> str:
   """Why a checkpoint read failed: the file TensorStore names last, and its complaint."""
   text = ' '.join(str(error).split())
@@ -62,8 +80,11 @@ def _first_line(error: BaseException) -> str:
   return text if len(text) <= 300 else text[:297] + '...'
 
 
-def _quiet_failed_read_callbacks():
-  """After a failed read, orbax's other pending reads call back into its closed event loop.
+def _quiet_closed_loop_callbacks():
+  """After a failed read or write, orbax's other pending ones call back into its closed loop.
+
+  Installed before any checkpoint is read or written: the callbacks may come before the
+  error does.
 
   Each would print a 'RuntimeError: Event loop is closed' traceback (through
   `sys.unraisablehook`) under the one-line report; those, and only those, are dropped.
@@ -196,6 +217,8 @@ class Checkpointer:
       self._mirror = _Mirror(self.directory)
       managed = self._mirror.local
     self._managed = managed
+    _quiet_orbax_save_errors()
+    _quiet_closed_loop_callbacks()
     self._manager = ocp.CheckpointManager(
         managed, item_handlers=ocp.StandardCheckpointHandler(),
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
@@ -344,7 +367,6 @@ class Checkpointer:
       except errors.UserError:
         raise
       except Exception as error:  # pylint: disable=broad-except
-        _quiet_failed_read_callbacks()
         problem = f'step {candidate}: {_why(error)}'
         if move_aside:
           problem += f' (moved to {self._move_aside(candidate)})'
