@@ -283,16 +283,16 @@ class Checkpointer:
     needed //= max(jax.process_count(), 1)  # Each process writes its shards.
     free = shutil.disk_usage(self._managed).free
     if needed > free:
-      raise CheckpointWriteError(self._no_space(step, needed, free))
+      raise CheckpointWriteError(
+          f'No space to save the checkpoint at step {step} in {self.directory}: it needs about '
+          f'{_megabytes(needed)}, {_megabytes(free)} are free; {self._what_to_do()}')
 
-  def _no_space(self, step: int, needed: int, free: int) -> str:
+  def _what_to_do(self) -> str:
     kept = self._manager.all_steps()
     earlier = (f'the earlier checkpoints (steps {", ".join(map(str, kept))}) are intact'
                if kept else 'no earlier checkpoint exists')
-    return (f'No space to save the checkpoint at step {step} in {self.directory}: it needs '
-            f'about {_megabytes(needed)}, {_megabytes(free)} are free; {earlier}. Free some '
-            'space (or set --config.keep_checkpoints lower), then run the same command to '
-            'resume.')
+    return (f'{earlier}. Free some space (or set --config.keep_checkpoints lower), then run the '
+            'same command to resume.')
 
   def _failed_save(self, step: int, error: BaseException):
     """Removes the half-written step and raises one line about it."""
@@ -303,7 +303,11 @@ class Checkpointer:
     self._manager.reload()
     if self._is_disk_full(error):
       free = shutil.disk_usage(self._managed).free
-      raise CheckpointWriteError(self._no_space(step, self._last_size(), free)) from None
+      raise CheckpointWriteError(
+          f'The disk ran out of space while saving the checkpoint at step {step} in '
+          f'{self.directory}: a checkpoint takes about {_megabytes(self._last_size())} (the '
+          f'last complete one), {_megabytes(free)} are free with the partial save removed; '
+          f'{self._what_to_do()}') from None
     raise CheckpointWriteError(
         f'Saving the checkpoint at step {step} in {self.directory} failed '
         f'({_first_line(error)}); the earlier checkpoints are intact. Fix the cause, then run '
