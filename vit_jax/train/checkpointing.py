@@ -10,17 +10,13 @@ run in one line, its half-written directory removed, the earlier checkpoints int
 
 Workdirs may be local, on gs:// (orbax writes there itself), or on any other filesystem
 tf.io.gfile reaches (s3://, hdfs://, ram://, ...): there orbax works on a local copy,
-and each completed save is uploaded (`_Mirror`).
+and each completed save is uploaded (`checkpoint_mirror`).
 """
 
 import errno
 import json
-import logging
 import os
-import re
 import shutil
-import sys
-import tempfile
 import time
 
 import jax
@@ -29,9 +25,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vit_jax import errors, files, progress, weights
+from vit_jax.train import checkpoint_mirror, orbax_errors
 
-_STEP = re.compile(r'\d+')
-_UPLOADED = '.uploaded-{step}'  # Beside an uploaded step directory: it is complete.
 _ASIDE = 'unreadable-{step}'  # Where training moves a checkpoint it cannot read.
 # How the config asks readers other than training to take an older readable checkpoint.
 FALL_BACK_HINT = '--config.checkpoint_fallback=True'
@@ -43,62 +38,6 @@ class UnreadableCheckpoint(errors.BadFileError):
 
 class CheckpointWriteError(errors.UserError, OSError):
   """A checkpoint could not be written (e.g. the disk is full)."""
-
-
-class _SaveErrorTraceback(logging.Filter):
-  """Drops orbax's error logs that carry a traceback (a failed background save or read).
-
-  The exception itself reaches `Checkpointer`, which reports it in one line.
-  """
-
-  def filter(self, record: logging.LogRecord) -> bool:
-    return not ('orbax' in record.pathname and record.levelno >= logging.ERROR
-                and (record.exc_info or 'raised an exception' in record.getMessage()))
-
-
-def _quiet_orbax_save_errors():
-  logger = logging.getLogger('absl')  # Where orbax logs, through absl.logging.
-  if not any(isinstance(f, _SaveErrorTraceback) for f in logger.filters):
-    logger.addFilter(_SaveErrorTraceback())
-
-
-def _why(error: BaseException) -> str:
-  """Why a checkpoint read failed: the file TensorStore names last, and its complaint."""
-  text = ' '.join(str(error).split())
-  text = text.split(' [tensorstore_spec=', 1)[0]
-  paths = re.findall(r'local file "([^"]+)"', text)
-  if paths:
-    complaint = text.rsplit(paths[-1] + '":', 1)[-1].strip() or _first_line(error)
-    return f'{paths[-1]}: {complaint}'
-  return _first_line(error)
-
-
-def _first_line(error: BaseException) -> str:
-  """The gist of a TensorStore/orbax error: its first line (it names the file)."""
-  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-  text = lines[0] if lines else type(error).__name__
-  return text if len(text) <= 300 else text[:297] + '...'
-
-
-def _quiet_closed_loop_callbacks():
-  """After a failed read or write, orbax's other pending ones call back into its closed loop.
-
-  Installed before any checkpoint is read or written: the callbacks may come before the
-  error does.
-
-  Each would print a 'RuntimeError: Event loop is closed' traceback (through
-  `sys.unraisablehook`) under the one-line report; those, and only those, are dropped.
-  """
-  previous = sys.unraisablehook
-  if getattr(previous, 'vit_jax_quiet', False):
-    return
-
-  def hook(unraisable):
-    if not (isinstance(unraisable.exc_value, RuntimeError)
-            and str(unraisable.exc_value) == 'Event loop is closed'):
-      previous(unraisable)
-  hook.vit_jax_quiet = True
-  sys.unraisablehook = hook
 
 
 def _megabytes(num_bytes: float) -> str:
@@ -165,46 +104,6 @@ def restore_params(workdir: str, fall_back: bool = False) -> tuple[dict, int]:
     return checkpointer.restore_params(fall_back=fall_back)
 
 
-class _Mirror:
-  """A local copy of a remote checkpoint directory, for filesystems orbax cannot write.
-
-  Holds the remote's uploaded steps; `sync` uploads the steps orbax has completed since
-  and removes the remote steps orbax has deleted. One process only.
-  """
-
-  def __init__(self, remote: str):
-    if jax.process_count() > 1:
-      raise errors.ConfigError(
-          f'Checkpoints in {remote} go through a local copy, which serves one process; with '
-          f'{jax.process_count()} processes put the workdir on a shared local path or gs://.')
-    self.remote = remote
-    self.local = tempfile.mkdtemp(prefix='vit_jax_checkpoints_')
-    for step in self._remote_steps():
-      files.copy_tree(files.join(remote, str(step)), os.path.join(self.local, str(step)))
-
-  def _remote_steps(self) -> list[int]:
-    if not files.isdir(self.remote):
-      return []
-    names = set(files.listdir(self.remote))
-    return [int(n) for n in names if _STEP.fullmatch(n) and _UPLOADED.format(step=n) in names]
-
-  def sync(self):
-    local = {int(n) for n in os.listdir(self.local) if _STEP.fullmatch(n)}
-    remote = set(self._remote_steps())
-    files.makedirs(self.remote)
-    for step in sorted(local - remote):
-      target = files.join(self.remote, str(step))
-      files.remove_tree(target)  # A partial upload of a run that died.
-      files.copy_tree(os.path.join(self.local, str(step)), target)
-      files.write_bytes_atomically(files.join(self.remote, _UPLOADED.format(step=step)), b'')
-    for step in sorted(remote - local):
-      files.remove_tree(files.join(self.remote, _UPLOADED.format(step=step)))
-      files.remove_tree(files.join(self.remote, str(step)))
-
-  def close(self):
-    shutil.rmtree(self.local, ignore_errors=True)
-
-
 class Checkpointer:
   """Keeps the last `keep` checkpoints of a state pytree; restores the latest readable."""
 
@@ -214,11 +113,10 @@ class Checkpointer:
     self._unverified = None  # The step of the last save, until it is read back.
     managed = self.directory
     if files.is_remote(self.directory) and not self.directory.startswith('gs://'):
-      self._mirror = _Mirror(self.directory)
+      self._mirror = checkpoint_mirror.Mirror(self.directory)
       managed = self._mirror.local
     self._managed = managed
-    _quiet_orbax_save_errors()
-    _quiet_closed_loop_callbacks()
+    orbax_errors.quiet()
     self._manager = ocp.CheckpointManager(
         managed, item_handlers=ocp.StandardCheckpointHandler(),
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
@@ -272,7 +170,7 @@ class Checkpointer:
     except Exception as error:  # pylint: disable=broad-except
       raise CheckpointWriteError(
           f'The checkpoint just written at step {step} in {self.directory} does not read back '
-          f'({_first_line(error)}); check the disk, then run the same command to resume from '
+          f'({orbax_errors.first_line(error)}); check the disk, then run the same command to resume from '
           'the previous checkpoint.') from None
 
   def _check_space(self, step: int, state):
@@ -310,7 +208,7 @@ class Checkpointer:
           f'{self._what_to_do()}') from None
     raise CheckpointWriteError(
         f'Saving the checkpoint at step {step} in {self.directory} failed '
-        f'({_first_line(error)}); the earlier checkpoints are intact. Fix the cause, then run '
+        f'({orbax_errors.first_line(error)}); the earlier checkpoints are intact. Fix the cause, then run '
         'the same command to resume.') from None
 
   @staticmethod
@@ -371,7 +269,7 @@ class Checkpointer:
       except errors.UserError:
         raise
       except Exception as error:  # pylint: disable=broad-except
-        problem = f'step {candidate}: {_why(error)}'
+        problem = f'step {candidate}: {orbax_errors.why(error)}'
         if move_aside:
           problem += f' (moved to {self._move_aside(candidate)})'
         problems.append(problem)
@@ -398,7 +296,7 @@ class Checkpointer:
       name += f'-{time.strftime("%Y%m%d-%H%M%S")}'
     if self._mirror is not None:
       files.move_tree(files.join(self.directory, str(step)), files.join(self.directory, name))
-      files.remove_tree(files.join(self.directory, _UPLOADED.format(step=step)))
+      files.remove_tree(files.join(self.directory, checkpoint_mirror.UPLOADED.format(step=step)))
     files.move_tree(files.join(self._managed, str(step)), files.join(self._managed, name))
     self._manager.reload()
     return files.join(self.directory, name)

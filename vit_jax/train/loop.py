@@ -234,21 +234,21 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   progress.log(f'Training {config.total_steps} steps of batch {config.batch_size} on '
                f'{mesh.size} device(s) ({jax.devices()[0].platform}; mesh {mesh_desc}), '
                f'from step {start_step}; workdir {workdir}.')
-  stop = preemption.StopRequests()
-  try:
-    with stop:
+  # Signals are held until the last save is complete: one after the last step is ignored.
+  with preemption.StopRequests() as stop:
+    try:
       last_eval = _train_steps(config, task, state, frozen, train_step, batches, start_step,
                                checkpointer, writer, timer, mesh, eval_sums, stop)
-    progress.log(timer.summary())
-  except jax.errors.JaxRuntimeError as error:
-    if jax.process_count() == 1:
-      raise
-    last = checkpointer.latest_step()
-    distributed.exit_lost_process(error, 'it resumes from the last checkpoint' + (
-        f' (step {last}).' if last is not None else '; none was written yet.'))
-  finally:
-    checkpointer.close()
-    writer.close()
+      progress.log(timer.summary())
+    except jax.errors.JaxRuntimeError as error:
+      if jax.process_count() == 1:
+        raise
+      last = checkpointer.latest_step()
+      distributed.exit_lost_process(error, 'it resumes from the last checkpoint' + (
+          f' (step {last}).' if last is not None else '; none was written yet.'))
+    finally:
+      checkpointer.close()
+      writer.close()
   return last_eval
 
 

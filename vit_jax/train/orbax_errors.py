@@ -1,0 +1,73 @@
+"""Orbax's failures in one line: why a checkpoint read failed, and the noise it leaves.
+
+A failed read or write inside orbax leaves tracebacks behind it: orbax logs the failed
+background save, and its other pending reads call back into a closed event loop. The
+`Checkpointer` reports the failure itself, in one line; `quiet` drops those leftovers
+(and only those).
+"""
+
+import logging
+import re
+import sys
+
+
+class _SaveErrorTraceback(logging.Filter):
+  """Drops orbax's error logs that carry a traceback (a failed background save or read).
+
+  The exception itself reaches `Checkpointer`, which reports it in one line.
+  """
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not ('orbax' in record.pathname and record.levelno >= logging.ERROR
+                and (record.exc_info or 'raised an exception' in record.getMessage()))
+
+
+def _quiet_save_logs():
+  logger = logging.getLogger('absl')  # Where orbax logs, through absl.logging.
+  if not any(isinstance(f, _SaveErrorTraceback) for f in logger.filters):
+    logger.addFilter(_SaveErrorTraceback())
+
+
+def why(error: BaseException) -> str:
+  """Why a checkpoint read failed: the file TensorStore names last, and its complaint."""
+  text = ' '.join(str(error).split())
+  text = text.split(' [tensorstore_spec=', 1)[0]
+  paths = re.findall(r'local file "([^"]+)"', text)
+  if paths:
+    complaint = text.rsplit(paths[-1] + '":', 1)[-1].strip() or first_line(error)
+    return f'{paths[-1]}: {complaint}'
+  return first_line(error)
+
+
+def first_line(error: BaseException) -> str:
+  """The gist of a TensorStore/orbax error: its first line (it names the file)."""
+  lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+  text = lines[0] if lines else type(error).__name__
+  return text if len(text) <= 300 else text[:297] + '...'
+
+
+def _quiet_closed_loop_callbacks():
+  """After a failed read or write, orbax's other pending ones call back into its closed loop.
+
+  Installed before any checkpoint is read or written: the callbacks may come before the
+  error does.
+
+  Each would print a 'RuntimeError: Event loop is closed' traceback (through
+  `sys.unraisablehook`) under the one-line report; those, and only those, are dropped.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, 'vit_jax_quiet', False):
+    return
+
+  def hook(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == 'Event loop is closed'):
+      previous(unraisable)
+  hook.vit_jax_quiet = True
+  sys.unraisablehook = hook
+
+
+def quiet():
+  """Installs both filters (once per process)."""
+  _quiet_save_logs()
+  _quiet_closed_loop_callbacks()
