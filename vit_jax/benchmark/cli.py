@@ -86,7 +86,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--warmup', type=int, default=3, help='untimed steps after compiling')
   parser.add_argument('--rounds', type=int, default=5,
                       help='alternation rounds the timed steps are split into')
-  parser.add_argument('--compare', choices=('timm',), help='also time the timm model')
+  parser.add_argument('--compare', choices=('timm', 'torch'),
+                      help='also time the peer: timm (infer, train) or torch.nn.Transformer '
+                      '(seq2seq)')
   parser.add_argument('--timm-path', help='extra directory appended to sys.path to find '
                       'torch and timm')
   parser.add_argument('--json', help='write all figures to this file')
@@ -104,6 +106,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help="float32 Dense products: XLA's kernels, a BLAS (MKL/OpenBLAS), "
                       "or 'auto' (MKL on Intel CPUs)")
   parser.add_argument('--num-layers', type=int, help='override the model\'s depth')
+  parser.add_argument('--embed-dim', type=int, help='seq2seq: override the model\'s width')
+  parser.add_argument('--mlp-dim', type=int, help='seq2seq: override the MLP width')
+  parser.add_argument('--num-heads', type=int, help='override the number of heads')
   parser.add_argument('--scan-layers', action='store_true')
   parser.add_argument('--remat', action='store_true')
   parser.add_argument('--seq-len', type=int, default=64, help='seq2seq source/target length')
@@ -124,6 +129,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--no-unrolled', action='store_true',
                       help='--compile-depth: skip compiling the deep model unrolled')
   args = parser.parse_args(argv)
+  peer = {'seq2seq': 'torch'}.get(args.mode, 'timm')
+  if args.compare and args.compare != peer:
+    parser.error(f'--compare {args.compare} does not apply to --mode {args.mode}; '
+                 f'use --compare {peer}')
   if args.steps < 1 or args.batch < 1 or args.warmup < 0:
     parser.error('--steps and --batch must be positive and --warmup non-negative')
   unknown = [i for i in args.memory_impls if i not in ATTENTION_IMPLEMENTATIONS]

@@ -75,9 +75,17 @@ def format_seq2seq(report: dict) -> str:
            _num(report[n]['achieved_tflops'], '.3f')] for n in names]
   header = ['', 'compile (s)', 'step median (ms)', 'p10 / p90 (ms)', 'tokens/s',
             'GMACs/step', 'TFLOP/s']
+  if 'torch_train' in report:
+    torch_train = report['torch_train']
+    rows.insert(1, ['torch train', '-', _ms(torch_train['step_s_median']),
+                    f'{_ms(torch_train["step_s_p10"])} / {_ms(torch_train["step_s_p90"])}',
+                    _num(torch_train['tokens_per_s'], ',.0f'), '-', '-'])
   mfu = report['train']['mfu']
+  ratio = ([f'ours/torch train tokens/s: {report["ours_over_torch_train_tokens_per_s"]:.3f} '
+            f'(median steps); torch threads: {report["torch_train"]["torch_threads"]}']
+           if 'torch_train' in report else [])
   return '\n'.join([
-      _table(header, rows),
+      _table(header, rows), *ratio,
       'train tokens are target tokens (source + target: '
       f'{report["train_source_plus_target_tokens_per_s"]:,.0f}/s); '
       f'train MFU: {"-" if mfu is None else f"{100 * mfu:.1f}%"}',

@@ -2,15 +2,19 @@
 
 Training is the trainer's step over the translation task's loss (target tokens counted);
 decoding is greedy, with the key/value cache and without it (the whole decoder re-run for
-every new token), each decode including encoding the source once.
+every new token), each decode including encoding the source once. With --compare torch,
+`torch.nn.Transformer` of the same shape trains on the same batches, alternating with ours
+(`torch_seq2seq`).
 """
+
+import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import models
-from vit_jax.benchmark import memory, steps, timing
+from vit_jax.benchmark import memory, steps, timing, torch_seq2seq
 
 
 def greedy_decoders(model, batch: int, src_len: int, length: int):
@@ -61,8 +65,6 @@ def greedy_decoders(model, batch: int, src_len: int, length: int):
 
 def benchmark_seq2seq(args) -> dict:
   """Transformer training tokens/s and cached vs uncached greedy decoding tokens/s."""
-  if args.compare:
-    print('note: --compare timm applies to image models; the seq2seq mode runs ours only.')
   overrides = steps.model_overrides(args)
   model = models.get_model(args.model, vocab_size=args.vocab_size, **overrides)
   rng = np.random.default_rng(0)
@@ -85,6 +87,10 @@ def benchmark_seq2seq(args) -> dict:
       'decode_uncached': timing.OursRunner(uncached, (params, inputs), donate_state=False,
                                            xla_options=options),
   }
+  if args.compare == 'torch':
+    fields = dataclasses.asdict(model)
+    runners['torch_train'] = torch_seq2seq.TorchSeq2SeqRunner(
+        fields, args.vocab_size, np.asarray(inputs), np.asarray(targets))
   for runner in runners.values():
     for _ in range(args.warmup):
       runner()
@@ -92,19 +98,25 @@ def benchmark_seq2seq(args) -> dict:
                     'process_peak_rss_bytes': memory.peak_rss_bytes()}
   timings = timing.time_alternating(runners, args.steps, args.rounds)
   peak = timing.peak_tflops(args.dtype, args.peak_tflops)
-  tokens = {'train': args.batch * args.seq_len,
+  tokens = {'train': args.batch * args.seq_len, 'torch_train': args.batch * args.seq_len,
             'decode_cached': args.batch * args.decode_length,
             'decode_uncached': args.batch * args.decode_length}
   results = {}
   for name, times in timings.items():
     summary = times.summary(tokens[name])
     summary['tokens_per_s'] = summary.pop('items_per_s')
+    if name == 'torch_train':
+      results[name] = {**summary, 'torch_threads': runners[name].threads}
+      continue
     results[name] = {**summary, 'compile_s': runners[name].compile_s,
                      'xla_memory_analysis': runners[name].memory_analysis,
                      **timing.throughput_figures(runners[name].macs, summary['step_s_median'],
                                                  peak if name == 'train' else None)}
   agree = np.mean(np.asarray(runners['decode_cached'].output)
                   == np.asarray(runners['decode_uncached'].output))
+  if 'torch_train' in results:
+    results['ours_over_torch_train_tokens_per_s'] = (results['train']['tokens_per_s']
+                                                     / results['torch_train']['tokens_per_s'])
   return {**results, 'memory': memory_figures, 'peak_tflops': peak,
           'train_source_plus_target_tokens_per_s': 2 * results['train']['tokens_per_s'],
           'cached_over_uncached_decode_speed': (results['decode_cached']['tokens_per_s']

@@ -19,10 +19,11 @@ DTYPES = {'float32': jnp.float32, 'bfloat16': jnp.bfloat16}
 
 
 def model_overrides(args) -> dict:
-  """The model fields the flags set (dtype, attention, depth, scan, remat)."""
+  """The model fields the flags set (dtype, attention, shape, scan, remat)."""
   overrides = {'dtype': DTYPES[args.dtype], 'attention_impl': args.attention}
-  if args.num_layers:
-    overrides['num_layers'] = args.num_layers
+  for name in ('num_layers', 'embed_dim', 'mlp_dim', 'num_heads'):
+    if getattr(args, name, None):
+      overrides[name] = getattr(args, name)
   if args.scan_layers:
     overrides['scan_layers'] = True
   if args.remat:
