@@ -12,20 +12,28 @@ import sys
 
 
 class _SaveErrorTraceback(logging.Filter):
-  """Drops orbax's error logs that carry a traceback (a failed background save or read).
+  """Drops the error logs, with tracebacks, of orbax's failed background saves and reads.
 
-  The exception itself reaches `Checkpointer`, which reports it in one line.
+  Orbax logs them itself (through absl), and asyncio logs the write tasks of a failed save
+  whose exceptions nobody retrieved; the exception that matters reaches `Checkpointer`,
+  which reports it in one line.
   """
 
   def filter(self, record: logging.LogRecord) -> bool:
-    return not ('orbax' in record.pathname and record.levelno >= logging.ERROR
-                and (record.exc_info or 'raised an exception' in record.getMessage()))
+    if record.levelno < logging.ERROR:
+      return True
+    message = record.getMessage()
+    if record.name == 'asyncio':
+      return not ('never retrieved' in message and 'orbax' in message)
+    return not ('orbax' in record.pathname
+                and (record.exc_info or 'raised an exception' in message))
 
 
 def _quiet_save_logs():
-  logger = logging.getLogger('absl')  # Where orbax logs, through absl.logging.
-  if not any(isinstance(f, _SaveErrorTraceback) for f in logger.filters):
-    logger.addFilter(_SaveErrorTraceback())
+  for name in ('absl', 'asyncio'):  # Where orbax logs (through absl.logging), and asyncio.
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, _SaveErrorTraceback) for f in logger.filters):
+      logger.addFilter(_SaveErrorTraceback())
 
 
 def why(error: BaseException) -> str:
