@@ -59,6 +59,9 @@ class TorchSeq2SeqRunner:
     self.positions = torch.from_numpy(_sinusoids(length, width))
     steps = targets.shape[1]  # True above the diagonal: a query does not see later keys.
     self.causal = torch.triu(torch.ones(steps, steps, dtype=torch.bool), diagonal=1)
+    self.source_padding = self.inputs == 0  # The batch is fixed: its masks are made once.
+    self.target_padding = self.shifted == 0
+    self.target_padding[:, 0] = False  # The start token 0 is not padding.
     self.parameters = list(self.embedding.parameters()) + list(self.transformer.parameters())
     self.optimizer = torch.optim.AdamW(self.parameters, lr=1e-4, weight_decay=1e-4)
     self.transformer.train()
@@ -70,14 +73,11 @@ class TorchSeq2SeqRunner:
 
   def __call__(self):
     torch = self.torch
-    source_padding = self.inputs == 0
-    target_padding = self.shifted == 0
-    target_padding[:, 0] = False  # The start token 0 is not padding.
     out = self.transformer(self._embed(self.inputs), self._embed(self.shifted),
                            tgt_mask=self.causal, tgt_is_causal=True,
-                           src_key_padding_mask=source_padding,
-                           memory_key_padding_mask=source_padding,
-                           tgt_key_padding_mask=target_padding)
+                           src_key_padding_mask=self.source_padding,
+                           memory_key_padding_mask=self.source_padding,
+                           tgt_key_padding_mask=self.target_padding)
     logits = out @ self.embedding.weight.T  # (B, T, V): the tied output projection.
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
                                              self.targets.reshape(-1), ignore_index=0)
