@@ -23,8 +23,9 @@ class _SaveErrorTraceback(logging.Filter):
     if record.levelno < logging.ERROR:
       return True
     message = record.getMessage()
-    if record.name == 'asyncio':
-      return not ('never retrieved' in message and 'orbax' in message)
+    if record.name == 'asyncio':  # The task may name orbax, or only TensorStore's spec.
+      return not ('never retrieved' in message
+                  and ('orbax' in message or 'tensorstore_spec' in message))
     return not ('orbax' in record.pathname
                 and (record.exc_info or 'raised an exception' in message))
 
