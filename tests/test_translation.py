@@ -3,6 +3,7 @@
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import override, read_metrics
@@ -146,3 +147,34 @@ def test_mismatched_line_counts_name_both_counts(tmp_path):
   with pytest.raises(ValueError, match=r'3 .*2|2 .*3'):
     main.run(tiny_config(**{'data.dataset': 'files', 'data.train_files': f'{source},{target}',
                             'data.eval_files': f'{source},{target}'}), str(tmp_path / 'w'))
+
+
+def test_accumulated_step_equals_the_whole_batch_step_with_uneven_microbatches(tmp_path):
+  """Microbatches count by their target tokens, not equally."""
+  import optax  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import loop  # pylint: disable=g-import-not-at-top
+  task = translation.TranslationTask(tiny_config(), str(tmp_path))
+  params = jax.jit(task.init_params)(jax.random.PRNGKey(0))
+  rng = np.random.default_rng(0)
+  length = task.config.data.max_length
+  inputs = rng.integers(3, 20, (4, length)).astype(np.int32)
+  targets = rng.integers(3, 20, (4, length)).astype(np.int32)
+  targets[0::2, 2:] = 0  # Microbatch 0 (rows 0 and 2): 2 target tokens a row; microbatch 1: 40.
+  batch = {'inputs': inputs, 'targets': targets}
+  tx = optax.sgd(1.0)
+  state = {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': tx.init(params),
+           'rng': jax.random.PRNGKey(1)}
+  results = {accum: jax.jit(loop.make_train_step(task, tx, lambda step: 1.0, accum))(
+      state, batch, None) for accum in (1, 2)}
+  (whole, whole_metrics), (accumulated, accumulated_metrics) = results[1], results[2]
+  np.testing.assert_allclose(accumulated_metrics['loss'], whole_metrics['loss'], rtol=1e-5)
+  np.testing.assert_allclose(accumulated_metrics['token_accuracy'],
+                             whole_metrics['token_accuracy'], rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(accumulated_metrics['grad_norm'], whole_metrics['grad_norm'],
+                             rtol=1e-4)
+  for a, b in zip(jax.tree.leaves(accumulated['params']), jax.tree.leaves(whole['params'])):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  # The two microbatches' own mean losses differ, so weighing them equally would not match.
+  halves = [task.loss(params, {k: v[i::2] for k, v in batch.items()}, jax.random.PRNGKey(2),
+                      None)[0] for i in (0, 1)]
+  assert abs(float(np.mean(halves)) - float(whole_metrics['loss'])) > 1e-3, halves

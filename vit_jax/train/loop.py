@@ -42,6 +42,9 @@ class Task(Protocol):
            frozen: Any) -> tuple[jax.Array, dict]:
     """Mean training loss of a (micro)batch and scalar metrics to log."""
 
+  def loss_weight(self, batch: dict) -> jax.Array:
+    """What a (micro)batch's mean loss counts for in an accumulated step (e.g. its tokens)."""
+
   def eval_sums(self, params: Any, batch: dict) -> dict:
     """Per-batch sums of eval metrics over examples with `batch['mask'] == 1`."""
 
@@ -105,19 +108,22 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: Call
     if accum_steps == 1:
       (loss, metrics), grads = grad_fn(state['params'], batch, rng)
     else:
+      # Each microbatch's mean counts by its weight (examples, or target tokens), so the
+      # accumulated step equals the step on the whole batch.
       def accumulate(carry, microbatch_and_index):
         microbatch, index = microbatch_and_index
         (loss, metrics), grads = grad_fn(state['params'], microbatch,
                                          jax.random.fold_in(rng, index))
-        return jax.tree.map(jnp.add, carry, (loss, metrics, grads)), None
+        weight = task.loss_weight(microbatch)
+        weighted = jax.tree.map(lambda x: x * weight, (loss, metrics, grads))
+        return jax.tree.map(jnp.add, carry, (weighted, weight)), None
+      microbatches = _split_microbatches(batch, accum_steps)
       zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(
-          grad_fn, state['params'], jax.tree.map(lambda x: x[0], _split_microbatches(
-              batch, accum_steps)), rng))
+          grad_fn, state['params'], jax.tree.map(lambda x: x[0], microbatches), rng))
       (loss, metrics), grads = zeros
-      total, _ = jax.lax.scan(accumulate, (loss, metrics, grads),
-                              (_split_microbatches(batch, accum_steps),
-                               jnp.arange(accum_steps)))
-      loss, metrics, grads = jax.tree.map(lambda x: x / accum_steps, total)
+      (total, weight), _ = jax.lax.scan(accumulate, ((loss, metrics, grads), jnp.float32(0)),
+                                        (microbatches, jnp.arange(accum_steps)))
+      loss, metrics, grads = jax.tree.map(lambda x: x / jnp.maximum(weight, 1e-9), total)
     updates, opt_state = tx.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
     metrics = {**metrics, 'loss': loss, 'grad_norm': optax.global_norm(grads),

@@ -8,6 +8,7 @@ and `num_eval_batches` from its `data` (an images or text dataset), with `config
 from typing import Iterable, Iterator
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 
@@ -20,6 +21,10 @@ class BatchedTask:
     process_count = jax.process_count()
     self.local_batch_size = config.batch_size // process_count
     self.local_eval_batch_size = config.eval_batch_size // process_count
+
+  def loss_weight(self, batch: dict) -> jax.Array:
+    """A microbatch counts by its examples in an accumulated step."""
+    return jnp.float32(jax.tree.leaves(batch)[0].shape[0])
 
   def train_batches(self, start_step: int) -> Iterator[dict]:
     return self.data.train_batches(self.local_batch_size, seed=self.config.seed,

@@ -116,6 +116,10 @@ class TranslationTask(task.BatchedTask):
     accuracy = jnp.sum((jnp.argmax(logits, -1) == targets) * weights) / num_tokens
     return jnp.sum(losses * weights) / num_tokens, {'token_accuracy': accuracy}
 
+  def loss_weight(self, batch):
+    """A microbatch counts by its target tokens, as `loss` averages over them."""
+    return jnp.sum(batch['targets'] > 0).astype(jnp.float32)
+
   def eval_sums(self, params, batch):
     targets = batch['targets']
     logits = self.model.apply({'params': params}, batch['inputs'], targets)
