@@ -8,20 +8,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import optax
 
 from vit_jax import errors, files, progress, weights
 from vit_jax.data import class_names, images
 from vit_jax.train import checkpointing, config as config_lib, task
-
-
-def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float = 0.0) -> jax.Array:
-  """Per-example softmax cross-entropy; `labels` are class ids (B,) or soft (B, C)."""
-  num_classes = logits.shape[-1]
-  targets = jax.nn.one_hot(labels, num_classes) if labels.ndim == 1 else labels
-  if label_smoothing:
-    targets = targets * (1.0 - label_smoothing) + label_smoothing / num_classes
-  return optax.softmax_cross_entropy(logits.astype(jnp.float32), targets)
+from vit_jax.train.losses import cross_entropy
 
 
 def read_weights(path: str, role: str = 'config.pretrained', fall_back: bool = False) -> dict:

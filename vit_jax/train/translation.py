@@ -16,7 +16,7 @@ import numpy as np
 from vit_jax import decode, progress
 from vit_jax.data import text, tokenizers, vocabulary
 from vit_jax.train import checkpointing, config as config_lib, distributed, task
-from vit_jax.train.classification import cross_entropy
+from vit_jax.train.losses import cross_entropy
 
 
 def _packing_kwargs(batch: dict) -> dict:
