@@ -72,6 +72,8 @@ CASES = {
     'unknown matmul': ([DIGITS, '--workdir={root}/new', '--config.matmul=mkl'],
                        r"Unknown matmul implementation 'mkl'; choose one of \('auto', 'xla', "
                        r"'blas'\)"),
+    'unknown dropout masks': ([DIGITS, '--workdir={root}/new', '--config.dropout_masks=fast'],
+                              r"Unknown dropout masks 'fast'; choose one of \('hash', 'jax'\)"),
     'unknown dataset': ([DIGITS, '--workdir={root}/new', '--config.data.dataset=cifar11'],
                         r"Unknown dataset 'cifar11' \(config\.data\.dataset\).*Close TFDS "
                         r'names: .*cifar10'),

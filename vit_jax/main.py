@@ -111,7 +111,7 @@ def run(config, workdir: str):
     raise errors.ConfigError(f'config.trainer={config.trainer!r} is not a mode of the '
                              f'{config.task} task; choose one of {", ".join(known)}.')
   from vit_jax import kernels  # pylint: disable=g-import-not-at-top
-  with kernels.use(config.matmul):
+  with kernels.use(config.matmul, config.dropout_masks):
     return MODES[config.trainer](config, workdir)
 
 

@@ -1,42 +1,59 @@
-"""Where the CPU kernels enter the models: the context manager `use`.
+"""Where the fast kernels enter the models: the context manager `use`.
 
-The models of `vit_jax.models` are plain Flax: their Dense layers multiply with XLA, and
-attention runs a kernel of `vit_jax.models.attention.KERNELS`. Importing `vit_jax.kernels`
-registers one more there, 'blas' (`blas.attention` for unmasked float32 inputs, else
-'head_major'), and inside `with use(matmul):`
+The models of `vit_jax.models` are plain Flax: their Dense layers multiply with XLA,
+attention runs a kernel of `vit_jax.models.attention.KERNELS`, and dropout draws its masks
+with `jax.random.bernoulli`. Importing `vit_jax.kernels` registers one more attention
+kernel, 'blas' (`blas.attention` for unmasked float32 inputs, else 'head_major'), and
+inside `with use(matmul, dropout):`
 
 - every `nn.Dense` and `nn.DenseGeneral` whose products `matmul` puts on the BLAS
   (`blas.resolve_matmul`) multiplies through `blas.dot_general`;
-- attention 'auto' picks 'blas' for float32 on CPUs where the products are on the BLAS.
+- attention 'auto' picks 'blas' for float32 on CPUs where the products are on the BLAS;
+- with `dropout='hash'`, every `nn.Dropout` draws its masks from `dropout.bernoulli`
+  (a counter hash; the same keep probability, far cheaper than threefry on CPUs).
 
 The choice is made while a function is traced, so a jitted function keeps what it was
-first traced with. The trainer and the benchmark run inside `use(config.matmul)`.
+first traced with. The trainer and the benchmark run inside
+`use(config.matmul, config.dropout_masks)`.
 """
 
 import contextlib
 import contextvars
+import inspect
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from vit_jax.kernels import blas
+from vit_jax import errors
+from vit_jax.kernels import blas, dropout as dropout_lib
 from vit_jax.models import attention
 
+DROPOUT_MASKS = ('hash', 'jax')
 # The `matmul` option of the innermost `use`; None outside.
 _MATMUL = contextvars.ContextVar('vit_jax_matmul', default=None)
 
 
 @contextlib.contextmanager
-def use(matmul: str = 'auto'):
-  """Runs the models traced inside on the BLAS where `matmul` says so ('auto', 'xla', 'blas').
+def use(matmul: str = 'auto', dropout: str = 'hash'):
+  """Runs the models traced inside on the fast kernels that the options choose.
 
-  'blas' raises `blas.KernelUnavailable` here, with the reason, if it cannot run.
+  Args:
+    matmul: who multiplies float32 Dense layers: 'auto', 'xla' or 'blas'. 'blas' raises
+      `blas.KernelUnavailable` here, with the reason, if it cannot run.
+    dropout: where dropout masks come from: 'hash' (`dropout.bernoulli`) or 'jax'
+      (`jax.random.bernoulli`, as plain Flax).
   """
   blas.resolve_matmul(matmul)
+  if dropout not in DROPOUT_MASKS:
+    raise errors.ConfigError(f'Unknown dropout masks {dropout!r}; choose one of '
+                             f'{DROPOUT_MASKS}.')
   token = _MATMUL.set(matmul)
   try:
-    with nn.intercept_methods(_products_on_blas):
+    with contextlib.ExitStack() as stack:
+      stack.enter_context(nn.intercept_methods(_products_on_blas))
+      if dropout == 'hash':
+        stack.enter_context(nn.intercept_methods(_hashed_dropout))
       yield
   finally:
     _MATMUL.reset(token)
@@ -61,6 +78,32 @@ def _products_on_blas(next_fun, args, kwargs, context):
     finally:
       object.__setattr__(layer, 'dot_general', None)
   return next_fun(*args, **kwargs)
+
+
+def _hashed_dropout(next_fun, args, kwargs, context):
+  """Flax interceptor: `nn.Dropout` with its masks from `dropout.bernoulli`.
+
+  The rest is `nn.Dropout.__call__`: the same arguments, rng and scaling.
+  """
+  layer = context.module
+  if context.method_name != '__call__' or type(layer) is not nn.Dropout:
+    return next_fun(*args, **kwargs)
+  bound = _DROPOUT_SIGNATURE.bind(*args, **kwargs)
+  inputs, deterministic, rng = (bound.arguments.get(name) for name in
+                                ('inputs', 'deterministic', 'rng'))
+  deterministic = nn.merge_param('deterministic', layer.deterministic, deterministic)
+  if layer.rate == 0.0 or deterministic or layer.rate == 1.0:
+    return next_fun(*args, **kwargs)
+  keep = 1.0 - layer.rate
+  if rng is None:
+    rng = layer.make_rng(layer.rng_collection)
+  shape = [1 if i in layer.broadcast_dims else n for i, n in enumerate(inputs.shape)]
+  mask = jnp.broadcast_to(dropout_lib.bernoulli(rng, keep, tuple(shape)), inputs.shape)
+  return jax.lax.select(mask, inputs / keep, jnp.zeros_like(inputs))
+
+
+_DROPOUT_SIGNATURE = inspect.signature(
+    lambda inputs, deterministic=None, rng=None: None)
 
 
 def _blas_attention(query, key, value, mask):

@@ -99,6 +99,9 @@ def _common_config(task: str, model: str) -> ml_collections.ConfigDict:
   # Float32 Dense layers and attention on CPUs: 'auto' (MKL's BLAS where installed on an
   # Intel CPU with one device, else XLA), 'xla', or 'blas' (see vit_jax.kernels).
   config.matmul = 'auto'
+  # Dropout's random masks: 'hash' (a counter hash, far cheaper than threefry on CPUs) or
+  # 'jax' (jax.random.bernoulli, as plain Flax); see vit_jax.kernels.dropout.
+  config.dropout_masks = 'hash'
   config.keep_checkpoints = 2  # Checkpoints kept in WORKDIR/checkpoints.
   # When WORKDIR's latest checkpoint cannot be read, evaluate, predict, translate, visualize
   # and a workdir as pretrained or teacher stop with an error; True takes the newest readable
