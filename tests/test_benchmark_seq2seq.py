@@ -50,3 +50,34 @@ def test_a_peer_of_another_mode_is_a_flag_error(capsys):
   assert exit_info.value.code == 2
   assert '--compare timm does not apply to --mode seq2seq; use --compare torch' in (
       capsys.readouterr().err)
+
+
+def test_packed_rows_are_the_trainers_and_the_peer_gets_as_many_tokens():
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from vit_jax.benchmark import seq2seq  # pylint: disable=g-import-not-at-top
+  packed, padded = seq2seq.packed_pairs(np.random.default_rng(0), 8, 32, 100, 6)
+  assert packed['targets'].shape == (8, 32) and packed['targets_segmentation'].max() > 2
+  # Every packed example ends with EOS, and segments number the examples of each row.
+  ends = (packed['targets'] == 1).sum()
+  assert ends == sum(len(set(row[row > 0])) for row in packed['targets_segmentation'])
+  ours, theirs = (packed['targets'] > 0).sum(), (padded['targets'] > 0).sum()
+  assert abs(int(theirs) - int(ours)) <= padded['targets'].shape[1]
+  assert (padded['targets'] > 0).mean() > 0.6  # Pairs of similar length: little padding.
+
+
+def test_profile_times_the_parts_of_a_packed_step(tmp_path, capsys):
+  report, printed = run_benchmark(tmp_path, capsys, *TINY_SEQ2SEQ[:-4], '--seq-len', '16',
+                                  '--packed', '--sentence-length', '4', '--profile',
+                                  '--steps', '2', '--warmup', '1')
+  parts = report['parts']
+  assert parts['train step']['share_of_step'] == 1.0
+  assert {'train step without dropout', 'optimizer update', 'projection + loss, fwd + bwd',
+          'host batching'} <= set(parts)
+  assert all(part['ms'] > 0 for part in parts.values())
+  assert 'attention x3 (' in printed and 'of the step' in printed
+
+
+def test_profile_is_for_seq2seq_alone(capsys):
+  with pytest.raises(SystemExit):
+    cli.parse_args(['--mode', 'train', '--profile'])
+  assert '--profile applies to --mode seq2seq' in capsys.readouterr().err

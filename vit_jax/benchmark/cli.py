@@ -7,8 +7,9 @@ instead of YNNPACK; comparing ours/timm across runs shows what an option is wort
 `--matmul` chooses who multiplies the float32 matrices of the Dense layers: 'xla'
 (XLA:CPU's own kernels), 'blas' (MKL or OpenBLAS through `vit_jax.kernels.blas`) or
 'auto' (the trainer's default: MKL on Intel CPUs where it is installed); everything
-runs inside `vit_jax.kernels.use(matmul)`, as in the trainer. The title line shows what
-ran. FLOPs on the BLAS count like XLA's.
+runs inside `vit_jax.kernels.use(matmul, dropout_masks)`, as in the trainer. The title
+line shows what ran. FLOPs on the BLAS count like XLA's. `--dropout-masks` chooses where
+dropout's masks come from, as `config.dropout_masks`: 'hash' (the default) or 'jax'.
 
 On CPUs, as in the trainer (`config.tune_malloc`), glibc is told to keep freed
 memory, so that XLA's temporary buffer is not freshly mapped (and page-faulted) at
@@ -29,6 +30,7 @@ from vit_jax.benchmark import timing
 from vit_jax.benchmark.attention_memory import benchmark_attention_memory
 from vit_jax.benchmark.compile_depth import benchmark_compile_depth
 from vit_jax.benchmark.seq2seq import benchmark_seq2seq
+from vit_jax.benchmark.seq2seq_profile import benchmark_seq2seq_profile
 from vit_jax.benchmark.steps import DTYPES
 from vit_jax.benchmark.vit import benchmark_vit
 from vit_jax.kernels import blas
@@ -105,6 +107,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--matmul', default='auto', choices=blas.MATMUL_IMPLEMENTATIONS,
                       help="float32 Dense products: XLA's kernels, a BLAS (MKL/OpenBLAS), "
                       "or 'auto' (MKL on Intel CPUs)")
+  parser.add_argument('--dropout-masks', default='hash', choices=kernels.DROPOUT_MASKS,
+                      help="dropout's random masks: a counter hash, or jax.random.bernoulli "
+                      '(threefry)')
   parser.add_argument('--num-layers', type=int, help='override the model\'s depth')
   parser.add_argument('--embed-dim', type=int, help='seq2seq: override the model\'s width')
   parser.add_argument('--mlp-dim', type=int, help='seq2seq: override the MLP width')
@@ -112,6 +117,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--scan-layers', action='store_true')
   parser.add_argument('--remat', action='store_true')
   parser.add_argument('--seq-len', type=int, default=64, help='seq2seq source/target length')
+  parser.add_argument('--packed', action='store_true',
+                      help='seq2seq: train on packed rows of random sentence pairs, as the '
+                      'trainer does (torch gets padded rows of pairs of similar length)')
+  parser.add_argument('--profile', action='store_true',
+                      help='seq2seq: time the parts of a train step (attention, loss, '
+                      'optimizer, dropout, ...) instead')
+  parser.add_argument('--sentence-length', type=int, default=12,
+                      help='seq2seq --packed: typical sentence length in tokens')
   parser.add_argument('--decode-length', type=int, default=64,
                       help='seq2seq: tokens generated per greedy decode')
   parser.add_argument('--vocab-size', type=int, default=32000)
@@ -133,6 +146,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   if args.compare and args.compare != peer:
     parser.error(f'--compare {args.compare} does not apply to --mode {args.mode}; '
                  f'use --compare {peer}')
+  if args.profile and (args.mode != 'seq2seq' or args.compare):
+    parser.error('--profile applies to --mode seq2seq, without --compare')
   if args.steps < 1 or args.batch < 1 or args.warmup < 0:
     parser.error('--steps and --batch must be positive and --warmup non-negative')
   unknown = [i for i in args.memory_impls if i not in ATTENTION_IMPLEMENTATIONS]
@@ -147,7 +162,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> tuple[dict, str]:
   """Runs the benchmark `args` select; returns (all figures, the printed table)."""
-  with kernels.use(args.matmul):
+  with kernels.use(args.matmul, args.dropout_masks):
     report, text, title = _run(args)
   if args.xla_option:
     title += ' | XLA ' + ' '.join(args.xla_option)
@@ -175,10 +190,17 @@ def _run(args: argparse.Namespace) -> tuple[dict, str, str]:
     title = f'compile time against depth ({args.depth_model}, batch {args.batch}, ' \
             f'{args.resolution}px, {args.dtype})'
   elif args.mode == 'seq2seq':
-    report = benchmark_seq2seq(args)
-    text = report_lib.format_seq2seq(report)
-    title = (f'{args.model} seq2seq | batch {args.batch} | source/target {args.seq_len} | '
-             f'decode {args.decode_length} | vocab {args.vocab_size} | {args.dtype}')
+    if args.profile:
+      report = benchmark_seq2seq_profile(args)
+      text = report_lib.format_seq2seq_profile(report)
+    else:
+      report = benchmark_seq2seq(args)
+      text = report_lib.format_seq2seq(report)
+    rows = (f'packed rows of {args.seq_len} (sentences ~{args.sentence_length})'
+            if args.packed else f'source/target {args.seq_len}')
+    title = (f'{args.model} seq2seq{" profile" if args.profile else ""} | batch {args.batch} | {rows} | '
+             f'decode {args.decode_length} | vocab {args.vocab_size} | {args.dtype} | '
+             f'matmul {_matmul_name(args)} | dropout masks {args.dropout_masks}')
   else:
     report = benchmark_vit(args)
     text = report_lib.format_vit(report)

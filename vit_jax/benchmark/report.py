@@ -84,14 +84,27 @@ def format_seq2seq(report: dict) -> str:
   ratio = ([f'ours/torch train tokens/s: {report["ours_over_torch_train_tokens_per_s"]:.3f} '
             f'(median steps); torch threads: {report["torch_train"]["torch_threads"]}']
            if 'torch_train' in report else [])
+  torch_shape = 'x'.join(map(str, report['torch_train_batch_shape']))
+  peer = (f'; torch: {report["torch_train_target_tokens_per_step"]:,} in {torch_shape} padded '
+          'rows' if 'torch_train' in report else '')
   return '\n'.join([
       _table(header, rows), *ratio,
-      'train tokens are target tokens (source + target: '
+      f'train tokens are target tokens, {report["train_target_tokens_per_step"]:,} a step{peer} '
+      '(source + target: '
       f'{report["train_source_plus_target_tokens_per_s"]:,.0f}/s); '
       f'train MFU: {"-" if mfu is None else f"{100 * mfu:.1f}%"}',
       f'cached / uncached decoding speed: {report["cached_over_uncached_decode_speed"]:.2f}x'
       f'   (greedy tokens equal: {100 * report["greedy_tokens_agree_cached_vs_uncached"]:.0f}%)',
   ])
+
+
+def format_seq2seq_profile(report: dict) -> str:
+  rows = [[name, f'{part["ms"]:.1f}', f'{100 * part["share_of_step"]:.0f}%']
+          for name, part in report['parts'].items()]
+  return '\n'.join([
+      _table(['part', 'median (ms)', 'of the step'], rows),
+      f'{report["train_target_tokens_per_step"]:,} target tokens a step: '
+      f'{report["target_tokens_per_s"]:,.0f}/s; parts overlap (see seq2seq_profile).'])
 
 
 def format_attention_memory(report: dict, impls: Sequence[str]) -> str:

@@ -1,6 +1,10 @@
 """`--mode seq2seq`: Transformer training and greedy decoding, tokens/s.
 
-Training is the trainer's step over the translation task's loss (target tokens counted);
+Training is the trainer's step over the translation task's loss (target tokens counted).
+Its batch is full rows of random tokens, or with --packed the trainer's packed rows
+(`vit_jax.data.packing`) of random sentence pairs whose lengths spread around
+--sentence-length; then the torch peer trains on padded rows of such pairs, of similar
+length (as a length-bucketing loader makes them) and about as many target tokens.
 decoding is greedy, with the key/value cache and without it (the whole decoder re-run for
 every new token), each decode including encoding the source once. With --compare torch,
 `torch.nn.Transformer` of the same shape trains on the same batches, alternating with ours
@@ -8,12 +12,14 @@ every new token), each decode including encoding the source once. With --compare
 """
 
 import dataclasses
+import types
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import models
+from vit_jax.data import packing, tokenizers
 from vit_jax.benchmark import memory, steps, timing, torch_seq2seq
 
 
@@ -63,19 +69,74 @@ def greedy_decoders(model, batch: int, src_len: int, length: int):
   return cached, uncached
 
 
+def packed_examples(rng: np.random.Generator, rows: int, max_length: int, vocab_size: int,
+                    sentence_length: int) -> tuple[types.SimpleNamespace, list[np.ndarray]]:
+  """Random sentence pairs, and the first `rows` rows the trainer's packing makes of them.
+
+  Source lengths (EOS included) are log-normal around `sentence_length`, and a target's
+  length is near its source's (a translation's), all within [2, max_length].
+  Returns (what `packing.batch` reads of `packing.Examples`, the pairs of each row).
+  """
+  num = rows * (max_length // 2 + 1)  # More pairs than `rows` rows can hold.
+  source = sentence_length * rng.lognormal(0.0, 0.5, num)
+  target = source * rng.lognormal(0.0, 0.2, num)
+  sides = {}
+  for key, length in (('source', source), ('target', target)):
+    length = np.clip(length.round().astype(np.int64), 2, max_length)
+    ids = rng.integers(tokenizers.EOS_ID + 1, vocab_size, int(length.sum())).astype(np.int32)
+    sides[key] = types.SimpleNamespace(ids=np.append(ids, np.int32(0)),
+                                       starts=np.cumsum(length) - length, lengths=length)
+  examples = types.SimpleNamespace(
+      source=sides['source'], target=sides['target'], kept=np.arange(num),
+      source_lengths=sides['source'].lengths, target_lengths=sides['target'].lengths)
+  bounds = packing.pack(examples.source_lengths, examples.target_lengths, max_length)
+  return examples, [np.arange(bounds[r], bounds[r + 1]) for r in range(rows)]
+
+
+def packed_pairs(rng: np.random.Generator, rows: int, max_length: int, vocab_size: int,
+                 sentence_length: int) -> tuple[dict, dict]:
+  """Packed rows of random sentence pairs (`packed_examples`), and a padded batch for torch.
+
+  The padded batch is what a length-bucketing loader gives torch: pairs of similar length
+  (a window of the pairs sorted by length), about as many target tokens as the packed rows.
+  Returns (the packed batch of `rows` rows, {'inputs', 'targets'}: one padded row a pair).
+  """
+  examples, row_pairs = packed_examples(rng, rows, max_length, vocab_size, sentence_length)
+  packed = packing.batch(examples, row_pairs, max_length, packed=True)
+  longest = np.maximum(examples.source_lengths, examples.target_lengths)
+  by_length = np.argsort(longest, kind='stable')
+  window = by_length[len(by_length) // 2:]  # From the median length up, to our tokens.
+  count = int(np.searchsorted(np.cumsum(examples.target_lengths[window]),
+                              np.sum(packed['targets'] > 0))) + 1
+  window = window[:count]
+  padded = packing.batch(examples, [np.array([i]) for i in window], int(longest[window].max()),
+                         packed=False)
+  return packed, padded
+
+
+def batches(args) -> tuple[dict, dict]:
+  """Our batch (on the device) and the torch peer's (numpy), of about the same tokens."""
+  rng = np.random.default_rng(0)
+  if args.packed:
+    packed, padded = packed_pairs(rng, args.batch, args.seq_len, args.vocab_size,
+                                  args.sentence_length)
+    return {k: jax.device_put(v) for k, v in packed.items()}, padded
+  shape = (args.batch, args.seq_len)
+  batch = {'inputs': rng.integers(1, args.vocab_size, shape).astype(np.int32),
+           'targets': rng.integers(1, args.vocab_size, shape).astype(np.int32)}
+  return {k: jax.device_put(v) for k, v in batch.items()}, batch
+
+
 def benchmark_seq2seq(args) -> dict:
   """Transformer training tokens/s and cached vs uncached greedy decoding tokens/s."""
   overrides = steps.model_overrides(args)
   model = models.get_model(args.model, vocab_size=args.vocab_size, **overrides)
-  rng = np.random.default_rng(0)
-  shape = (args.batch, args.seq_len)
-  inputs = jax.device_put(rng.integers(1, args.vocab_size, shape).astype(np.int32))
-  targets = jax.device_put(rng.integers(1, args.vocab_size, shape).astype(np.int32))
+  batch, peer_batch = batches(args)
+  inputs, targets = batch['inputs'], batch['targets']
   params = jax.jit(model.init)(jax.random.PRNGKey(0), inputs, targets)['params']
 
   train_step, tx = steps.train_step(steps.Seq2SeqTask(model),
                                     total_steps=args.warmup + args.steps + 1)
-  batch = {'inputs': inputs, 'targets': targets}
   cached, uncached = greedy_decoders(model, args.batch, args.seq_len, args.decode_length)
   options = args.xla_options
   runners = {
@@ -90,7 +151,7 @@ def benchmark_seq2seq(args) -> dict:
   if args.compare == 'torch':
     fields = dataclasses.asdict(model)
     runners['torch_train'] = torch_seq2seq.TorchSeq2SeqRunner(
-        fields, args.vocab_size, np.asarray(inputs), np.asarray(targets))
+        fields, args.vocab_size, peer_batch['inputs'], peer_batch['targets'])
   for runner in runners.values():
     for _ in range(args.warmup):
       runner()
@@ -98,7 +159,8 @@ def benchmark_seq2seq(args) -> dict:
                     'process_peak_rss_bytes': memory.peak_rss_bytes()}
   timings = timing.time_alternating(runners, args.steps, args.rounds)
   peak = timing.peak_tflops(args.dtype, args.peak_tflops)
-  tokens = {'train': args.batch * args.seq_len, 'torch_train': args.batch * args.seq_len,
+  target_tokens = int(np.sum(np.asarray(targets) > 0))
+  tokens = {'train': target_tokens, 'torch_train': int(np.sum(peer_batch['targets'] > 0)),
             'decode_cached': args.batch * args.decode_length,
             'decode_uncached': args.batch * args.decode_length}
   results = {}
@@ -118,6 +180,9 @@ def benchmark_seq2seq(args) -> dict:
     results['ours_over_torch_train_tokens_per_s'] = (results['train']['tokens_per_s']
                                                      / results['torch_train']['tokens_per_s'])
   return {**results, 'memory': memory_figures, 'peak_tflops': peak,
+          'train_target_tokens_per_step': target_tokens,
+          'torch_train_target_tokens_per_step': tokens['torch_train'],
+          'torch_train_batch_shape': list(peer_batch['targets'].shape),
           'train_source_plus_target_tokens_per_s': 2 * results['train']['tokens_per_s'],
           'cached_over_uncached_decode_speed': (results['decode_cached']['tokens_per_s']
                                                 / results['decode_uncached']['tokens_per_s']),
