@@ -1,9 +1,11 @@
-"""The process's runtime: which backend JAX will start, and glibc's malloc tuning for it."""
+"""The process's runtime: which backend JAX will start, glibc's malloc tuning, its memory."""
 
 import ctypes
 import importlib.metadata
 import importlib.util
+import os
 import pkgutil
+import resource
 import sys
 
 import jax
@@ -52,3 +54,14 @@ def tune_malloc() -> bool:
   # A trim threshold of -1 disables trimming (see `man mallopt`).
   return all(libc.mallopt(option, value) == 1 for option, value in (
       (m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, -1)))
+
+
+def resident_bytes() -> tuple[int | None, int]:
+  """(resident memory now, None where unknown; the peak so far) of this process, in bytes."""
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  peak = peak if sys.platform == 'darwin' else peak * 1024  # Linux reports KiB.
+  try:
+    with open('/proc/self/statm') as f:  # Pages: total, resident, ...
+      return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE'), peak
+  except (OSError, ValueError, IndexError):
+    return None, peak

@@ -5,16 +5,14 @@ On GPU/TPU the device's `peak_bytes_in_use` (and torch's `max_memory_allocated`,
 everything the process did so far, plus XLA's memory analysis of the compiled function.
 """
 
-import resource
-import sys
-
 import jax
+
+from vit_jax import runtime
 
 
 def peak_rss_bytes() -> int:
   """This process's peak resident set size so far."""
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  return peak if sys.platform == 'darwin' else peak * 1024  # Linux reports KiB.
+  return runtime.resident_bytes()[1]
 
 
 def device_peak_bytes() -> int | None:

@@ -5,7 +5,7 @@ import time
 
 import jax
 
-from vit_jax import files
+from vit_jax import files, runtime
 from vit_jax.progress import format_duration
 
 
@@ -50,7 +50,7 @@ def read_rows(workdir: str) -> list[dict]:
 
 
 class Progress:
-  """Step timing for log lines: examples/s, ETA and the share of time spent on data."""
+  """For log lines: examples/s, ETA, the share of time spent on data, resident memory."""
 
   def __init__(self, start_step: int, total_steps: int, batch_size: int):
     self.total_steps, self.batch_size = total_steps, batch_size
@@ -69,8 +69,12 @@ class Progress:
     steps = step - self._last_step
     rate = steps / elapsed
     remaining = (self.total_steps - step) / rate if rate else float('inf')
+    resident, peak = runtime.resident_bytes()
     stats = {'examples_per_sec': steps * self.batch_size / elapsed,
-             'data_wait_fraction': self.data_wait / elapsed, 'eta': remaining}
+             'data_wait_fraction': self.data_wait / elapsed, 'eta': remaining,
+             'peak_resident_bytes': peak}
+    if resident is not None:
+      stats['resident_bytes'] = resident
     self._last_time, self._last_step, self.data_wait = now, step, 0.0
     return stats
 
