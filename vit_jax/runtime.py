@@ -62,6 +62,7 @@ def resident_bytes() -> tuple[int | None, int]:
   peak = peak if sys.platform == 'darwin' else peak * 1024  # Linux reports KiB.
   try:
     with open('/proc/self/statm') as f:  # Pages: total, resident, ...
-      return int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE'), peak
+      now = int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')
   except (OSError, ValueError, IndexError):
     return None, peak
+  return now, max(now, peak)  # The kernel's peak can lag the pages just touched.
