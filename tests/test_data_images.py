@@ -230,11 +230,6 @@ def test_two_hosts_train_on_disjoint_halves():
   assert len(epochs[0] | epochs[1]) == len({image.tobytes() for image in train_images})
 
 
-def test_host_range_matches_tfds_even_splits():
-  assert [sources.host_range(11, i, 3) for i in range(3)] == [(0, 4), (4, 8), (8, 11)]
-  assert [sources.host_range(2, i, 3) for i in range(3)] == [(0, 1), (1, 2), (2, 2)]
-
-
 # ------------------------------------------------------------------------------ image folders
 
 

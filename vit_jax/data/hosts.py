@@ -1,4 +1,4 @@
-"""Which process this is: the default and the check both pipelines' `build` share."""
+"""Which process this is, and its share of a split: what both pipelines' `build` share."""
 
 
 def resolve_host(process_index: int | None, process_count: int | None) -> tuple[int, int]:
@@ -11,3 +11,10 @@ def resolve_host(process_index: int | None, process_count: int | None) -> tuple[
     raise ValueError(
         f'process_index={process_index} must be in [0, process_count={process_count}).')
   return process_index, process_count
+
+
+def host_range(num_examples: int, process_index: int, process_count: int) -> tuple[int, int]:
+  """[start, stop) of this host's share; the first num_examples % process_count get one more."""
+  base, extra = divmod(num_examples, process_count)
+  start = process_index * base + min(process_index, extra)
+  return start, start + base + int(process_index < extra)

@@ -18,6 +18,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import errors, files, progress
+from vit_jax.data.hosts import host_range
 from vit_jax.data.tf_cpu import tf
 
 DIGITS_NUM_TEST = 360  # Of sklearn's 1797 digits; the other 1437 are the train split.
@@ -66,13 +67,6 @@ def tfds_builder(name: str, data_dir: str | None,
     if not str(e).startswith('Parsing builder name string'):
       raise  # E.g. an unknown config of a known dataset: TFDS's message lists the close ones.
     raise unknown_error(e) from None
-
-
-def host_range(num_examples: int, process_index: int, process_count: int) -> tuple[int, int]:
-  """[start, stop) of this host's share; the first num_examples % process_count get one more."""
-  base, extra = divmod(num_examples, process_count)
-  start = process_index * base + min(process_index, extra)
-  return start, start + base + int(process_index < extra)
 
 
 def _in_memory_source(name: str, class_names: tuple[str, ...],

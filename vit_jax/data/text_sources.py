@@ -4,7 +4,7 @@
 splits as lists of (untokenized) source and target sentences, the split sizes, and a sample of the
 whole train split to build a vocabulary from. Train shares are interleaved (host i of P takes
 examples i, i + P, ...; TFDS: `tfds.split_for_jax_process`), so every host sees every part of a
-file; test shares are contiguous (`sources.host_range`) and in split order, so the hosts' shares
+file; test shares are contiguous (`hosts.host_range`) and in split order, so the hosts' shares
 concatenated in host order are the test split in order.
 """
 
@@ -17,8 +17,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import errors, files, progress
-from vit_jax.data import dates
-from vit_jax.data import sources as image_sources
+from vit_jax.data import dates, hosts
 
 _VOCABULARY_SPREAD = 16  # TFDS: the vocabulary sample is read from this many even sub-splits.
 
@@ -49,7 +48,7 @@ def _interleaved_share(num_examples: int, process_index: int, process_count: int
 
 
 def _contiguous_share(num_examples: int, process_index: int, process_count: int) -> np.ndarray:
-  return np.arange(*image_sources.host_range(num_examples, process_index, process_count))
+  return np.arange(*hosts.host_range(num_examples, process_index, process_count))
 
 
 def _spread(num_examples: int, num_wanted: int) -> np.ndarray:
@@ -201,6 +200,7 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
               builder) -> TextSource:
   """A TFDS translation dataset; config.source_language / target_language pick the features."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import sources as image_sources  # pylint: disable=g-import-not-at-top
   name = config.dataset
   split_size = image_sources._tfds_split_size  # pylint: disable=protected-access
   image_sources._prepare_tfds(builder, name, config, tfds)  # pylint: disable=protected-access
@@ -248,6 +248,7 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
 
 def _unknown_dataset_error(config: ml_collections.ConfigDict,
                            error: Exception) -> errors.ConfigError:
+  from vit_jax.data import sources as image_sources  # pylint: disable=g-import-not-at-top
   name = config.dataset
   suggestion = image_sources.tfds_suggestion(name)
   return errors.ConfigError(
@@ -263,6 +264,8 @@ def load(config: ml_collections.ConfigDict, process_index: int, process_count: i
     return load_dates(config, process_index, process_count)
   if config.dataset == 'files':
     return load_files(config, process_index, process_count)
+  # TFDS (and TensorFlow) load only here: the other sources run without them.
+  from vit_jax.data import sources as image_sources  # pylint: disable=g-import-not-at-top
   builder = image_sources.tfds_builder(config.dataset, config.tfds_data_dir,
                                        lambda error: _unknown_dataset_error(config, error))
   return load_tfds(config, process_index, process_count, builder)
