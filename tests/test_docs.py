@@ -83,9 +83,12 @@ RULES = [
     Rule(r'--config\.model\.dropout_rate=0\.1', TINY_IMAGES,
          expect=r'Model ViT-Ti_16 with .*dropout_rate=0\.1.*scan_layers=True, remat=True(.|\n)*'
                 r'eval at step 4: accuracy'),
+    Rule(r'configs/vit_small_images\.py', TINY_IMAGES, expect=r'eval at step 4: accuracy'),
     Rule(r'configs/(vit|deit)\.py', TINY_IMAGES, expect=r'eval at step 4: accuracy'),
     Rule(r'configs/vit_digits\.py', TINY_DIGITS,
          expect=r'eval at step 4: accuracy|has finished: its latest checkpoint is at step 4'),
+    Rule(r'vit_jax\.data\.make_image_folder', '--train_size=40 --test_size=20',
+         expect=r'Wrote 40 train and 20 test images \(32x32, 10 classes\) to \S+'),
     Rule(r'vit_jax\.convert .*--print', '', expect=r'head/kernel +\(768, 1000\)'),
     Rule(r'vit_jax\.convert', '', expect=r'Wrote \S+'),
     Rule(r'vit_jax\.benchmark .*--compare timm', f'{TINY_BENCH} --num-layers 1',
