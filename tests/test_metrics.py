@@ -16,3 +16,22 @@ def test_reports_carry_resident_memory_now_and_at_its_peak():
   line = loop._memory({'resident_bytes': 1.5e9, 'peak_resident_bytes': 2.25e9})
   assert line == 'memory 1.50 GB (peak 2.25 GB)'
   assert loop._memory({'peak_resident_bytes': 2e9}) == 'memory ? GB (peak 2.00 GB)'
+
+
+def test_tensorboard_reads_the_scalars_which_are_written_without_tensorflow(tmp_path):
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  code = ('import sys\n'
+          'from vit_jax.train import metrics\n'
+          f'writer = metrics.MetricWriter({str(tmp_path)!r})\n'
+          "writer.write(3, 'train', {'loss': 1.5, 'accuracy': 0.25})\n"
+          "writer.write(6, 'train', {'loss': 0.5, 'accuracy': 0.75})\n"
+          'writer.close()\n'
+          'assert "tensorflow" not in sys.modules, "tensorflow was imported"\n')
+  subprocess.run([sys.executable, '-c', code], check=True)
+  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  events = event_accumulator.EventAccumulator(str(tmp_path / 'tensorboard'))
+  events.Reload()
+  assert sorted(events.Tags()['scalars']) == ['train/accuracy', 'train/loss']
+  assert [(e.step, e.value) for e in events.Scalars('train/loss')] == [(3, 1.5), (6, 0.5)]
+  assert [row['loss'] for row in metrics.read_rows(str(tmp_path))] == [1.5, 0.5]

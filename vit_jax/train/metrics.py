@@ -1,12 +1,39 @@
 """What a run reports: log lines, TensorBoard event files and WORKDIR/metrics.jsonl."""
 
 import json
+import os
+import socket
 import time
 
 import jax
+from tensorboard.compat.proto import event_pb2, summary_pb2
+from tensorboard.summary.writer import record_writer
 
 from vit_jax import files, runtime
 from vit_jax.progress import format_duration
+
+
+class _EventFile:
+  """A TensorBoard event file (records of `Event` protos), written without TensorFlow."""
+
+  def __init__(self, directory: str):
+    files.makedirs(directory)
+    name = f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.0'
+    self._file = files.open_file(files.join(directory, name), 'wb')
+    self._records = record_writer.RecordWriter(self._file)
+    self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
+
+  def _write(self, event):
+    self._records.write(event.SerializeToString())
+
+  def scalars(self, step: int, values: dict[str, float]):
+    summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=tag, simple_value=value)
+                                         for tag, value in values.items()])
+    self._write(event_pb2.Event(wall_time=time.time(), step=step, summary=summary))
+    self._file.flush()
+
+  def close(self):
+    self._file.close()
 
 
 class MetricWriter:
@@ -18,12 +45,10 @@ class MetricWriter:
   def __init__(self, workdir: str):
     self.enabled = jax.process_index() == 0
     self._jsonl_path = files.join(workdir, 'metrics.jsonl')
-    self._summary_writer = None
+    self._events = None
     if self.enabled:
       files.makedirs(workdir)
-      from vit_jax.data.tf_cpu import tf  # TensorFlow, kept off the accelerators.
-      self._tf = tf
-      self._summary_writer = tf.summary.create_file_writer(files.join(workdir, 'tensorboard'))
+      self._events = _EventFile(files.join(workdir, 'tensorboard'))
 
   def write(self, step: int, split: str, scalars: dict):
     if not self.enabled:
@@ -31,14 +56,11 @@ class MetricWriter:
     scalars = {k: float(v) for k, v in scalars.items()}
     with files.open_file(self._jsonl_path, 'a') as f:
       f.write(json.dumps({'step': int(step), 'split': split, **scalars}) + '\n')
-    with self._summary_writer.as_default(step=int(step)):
-      for name, value in scalars.items():
-        self._tf.summary.scalar(f'{split}/{name}', value)
-    self._summary_writer.flush()
+    self._events.scalars(int(step), {f'{split}/{name}': v for name, v in scalars.items()})
 
   def close(self):
-    if self._summary_writer is not None:
-      self._summary_writer.close()
+    if self._events is not None:
+      self._events.close()
 
 
 def read_rows(workdir: str) -> list[dict]:
