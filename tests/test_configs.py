@@ -24,7 +24,8 @@ CONFIGS = REPO / 'configs'
 # Each run config with an argument its docstring uses.
 RUN_CONFIGS = [('vit_digits.py', None), ('vit.py', 'ViT-S_16,data/my_images'),
                ('deit.py', 'DeiT-Ti_16,cifar10'), ('transformer_dates.py', None),
-               ('transformer_text.py', None), ('transformer_wmt.py', None)]
+               ('transformer_text.py', None), ('transformer_wmt.py', None),
+               ('transformer_small.py', None), ('vit_small_images.py', None)]
 OVERRIDABLE = (int, float, bool, str, tuple)  # What ml_collections' config flags parse.
 
 

@@ -50,6 +50,9 @@ TINY_BENCH = '--batch 1 --resolution 32 --steps 1 --warmup 0 --rounds 1'
 NO_DOWNLOAD = '--config.data.tfds_download_retries=0'
 # `--compare timm` runs where torch and timm are installed, else says it needs them.
 HAS_TIMM = all(importlib.util.find_spec(name) for name in ('torch', 'timm'))
+HAS_TORCH = importlib.util.find_spec('torch') is not None
+TINY_SEQ2SEQ = ('--num-layers 1 --embed-dim 16 --num-heads 2 --mlp-dim 24 --seq-len 8 '
+                '--decode-length 8 --vocab-size 64 --batch 2 --steps 1 --warmup 0 --rounds 1')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +83,9 @@ RULES = [
     Rule(r'trainer=evaluate', '', expect=r'eval of step 4:'),
     Rule(r'configs/transformer_dates\.py', TINY_DATES, expect=r'eval at step 4:.*exact_match'),
     Rule(r'configs/transformer_text\.py', TINY_TEXT, expect=r'eval at step 4:.*bleu'),
+    Rule(r'configs/transformer_small\.py', TINY_TEXT, expect=r'eval at step 4:.*bleu'),
+    Rule(r'vit_jax\.data\.make_corpus', '--train_pairs=300 --test_pairs=20',
+         expect=r'Wrote 300 train and 20 test sentence pairs to \S+'),
     Rule(r'--config\.model\.dropout_rate=0\.1', TINY_IMAGES,
          expect=r'Model ViT-Ti_16 with .*dropout_rate=0\.1.*scan_layers=True, remat=True(.|\n)*'
                 r'eval at step 4: accuracy'),
@@ -100,6 +106,11 @@ RULES = [
     Rule(r'vit_jax\.benchmark .*--compile-depth',
          '--depth-model ViT-testing --resolution 32 --compile-repeats 1 --no-unrolled',
          expect=r'deep/shallow compile time'),
+    Rule(r'vit_jax\.benchmark .*--mode seq2seq.*--profile', TINY_SEQ2SEQ, expect=r'of the step'),
+    Rule(r'vit_jax\.benchmark .*--mode seq2seq.*--compare torch', TINY_SEQ2SEQ,
+         expect=r'ours/torch train tokens/s') if HAS_TORCH else
+    Rule(r'vit_jax\.benchmark .*--mode seq2seq.*--compare torch', TINY_SEQ2SEQ,
+         error=r'--compare torch needs torch'),
     Rule(r'vit_jax\.benchmark .*--mode seq2seq',
          '--num-layers 1 --seq-len 8 --decode-length 8 --vocab-size 64 --batch 2 --steps 1 '
          '--warmup 0 --rounds 1', expect=r'tokens/s'),
