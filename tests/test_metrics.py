@@ -29,7 +29,8 @@ def test_tensorboard_reads_the_scalars_which_are_written_without_tensorflow(tmp_
           'writer.close()\n'
           'assert "tensorflow" not in sys.modules, "tensorflow was imported"\n')
   subprocess.run([sys.executable, '-c', code], check=True)
-  from tensorboard.backend.event_processing import event_accumulator  # pylint: disable=g-import-not-at-top
+  from tensorboard.backend.event_processing import (  # pylint: disable=g-import-not-at-top
+      event_accumulator)
   events = event_accumulator.EventAccumulator(str(tmp_path / 'tensorboard'))
   events.Reload()
   assert sorted(events.Tags()['scalars']) == ['train/accuracy', 'train/loss']

@@ -198,7 +198,8 @@ def _run(args: argparse.Namespace) -> tuple[dict, str, str]:
       text = report_lib.format_seq2seq(report)
     rows = (f'packed rows of {args.seq_len} (sentences ~{args.sentence_length})'
             if args.packed else f'source/target {args.seq_len}')
-    title = (f'{args.model} seq2seq{" profile" if args.profile else ""} | batch {args.batch} | {rows} | '
+    mode = 'seq2seq profile' if args.profile else 'seq2seq'
+    title = (f'{args.model} {mode} | batch {args.batch} | {rows} | '
              f'decode {args.decode_length} | vocab {args.vocab_size} | {args.dtype} | '
              f'matmul {_matmul_name(args)} | dropout masks {args.dropout_masks}')
   else:
