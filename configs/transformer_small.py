@@ -19,8 +19,8 @@ over it); the warmup follows.
 Measured as written, on the made-up corpus above, float32, on a 2-core Intel Xeon CPU:
 1,000 steps in 9m38s (65 rows/s), then test BLEU 84.7, exact match 62.4%, token accuracy
 95.3% over all 1,000 test sentences (beam 4, 35 s). Resident memory 3.1-3.6 GB with
-`config.tune_malloc` (the CPU default); `--config.tune_malloc=False` keeps it at 1.8 GB
-for about 20% less speed (README.md, Translation).
+`config.tune_malloc` (the CPU default); `--config.tune_malloc=False` keeps it at about
+1.2 GB for about 20% less speed (README.md, Translation).
 """
 
 from vit_jax.train.config import translation_config
