@@ -56,10 +56,15 @@ def tune_malloc() -> bool:
       (m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, -1)))
 
 
+def peak_resident_bytes() -> int:
+  """This process's peak resident memory as the kernel counts it (getrusage), in bytes."""
+  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+  return peak if sys.platform == 'darwin' else peak * 1024  # Linux reports KiB.
+
+
 def resident_bytes() -> tuple[int | None, int]:
   """(resident memory now, None where unknown; the peak so far) of this process, in bytes."""
-  peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-  peak = peak if sys.platform == 'darwin' else peak * 1024  # Linux reports KiB.
+  peak = peak_resident_bytes()
   try:
     with open('/proc/self/statm') as f:  # Pages: total, resident, ...
       now = int(f.read().split()[1]) * os.sysconf('SC_PAGE_SIZE')

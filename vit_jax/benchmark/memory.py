@@ -12,7 +12,7 @@ from vit_jax import runtime
 
 def peak_rss_bytes() -> int:
   """This process's peak resident set size so far."""
-  return runtime.resident_bytes()[1]
+  return runtime.peak_resident_bytes()
 
 
 def device_peak_bytes() -> int | None:
