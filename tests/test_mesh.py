@@ -1,6 +1,8 @@
 """Meshes over (data, fsdp, model): data-parallel, FSDP and tensor-parallel runs agree, a
-checkpoint moves between meshes and device counts, and mistakes get clear errors."""
+checkpoint moves between meshes and device counts, devices are laid out by their topology
+(TPU slices and hosts as mesh_utils builds them), and mistakes get clear errors."""
 
+import dataclasses
 import json
 import os
 import shutil
@@ -89,6 +91,13 @@ EIGHT_DEVICES = textwrap.dedent('''
     main.run(vit_config(mesh_shape=(2, 2, 2), **{**VIT, 'total_steps': 8}), workdir)
     results['continued'] = losses(workdir)[5:]
 
+    # The 8 CPU devices are laid out as mesh_utils lays them out.
+    from jax.experimental import mesh_utils
+    ids = np.vectorize(lambda device: device.id)
+    results['grids'] = {str(shape): [ids(mesh_lib.make_mesh(shape).devices).tolist(),
+                                     ids(mesh_utils.create_device_mesh(shape)).tolist()]
+                        for shape in VIT_MESHES}
+
     errors = {}
     for name, overrides in [('mesh', {'mesh_shape': (2, 2, 1)}),
                             ('divisible', {'mesh_shape': (1, 1, 8)}),
@@ -164,6 +173,89 @@ def test_checkpoint_moves_between_meshes_and_device_counts(eight_devices, tmp_pa
   main.run(vit_config(**{**VIT, 'total_steps': 8}), workdir)
   np.testing.assert_allclose([row['loss'] for row in read_metrics(workdir, 'train')][5:],
                              continued, rtol=1e-4)
+
+
+def test_mesh_of_eight_cpu_devices_is_what_mesh_utils_builds(eight_devices):
+  for shape, (ours, mesh_utils_grid) in eight_devices[0]['grids'].items():
+    assert np.array(ours).shape == eval(shape)  # pylint: disable=eval-used
+    assert ours == mesh_utils_grid, shape
+
+
+@dataclasses.dataclass(frozen=True)
+class FakeDevice:
+  """What mesh_utils reads of a device (TPU: its chip's coordinates and core)."""
+  id: int
+  process_index: int
+  slice_index: int = 0
+  coords: tuple[int, int, int] = (0, 0, 0)
+  core_on_chip: int = 0
+  platform: str = 'tpu'
+  device_kind: str = 'TPU v4'
+
+
+def _two_tpu_slices():
+  """Two 2x2x2 TPU v4 slices of two hosts each, listed in a scrambled order."""
+  devices = [FakeDevice(8 * s + 4 * z + 2 * y + x, 2 * s + z, s, (x, y, z))
+             for s in range(2) for z in range(2) for y in range(2) for x in range(2)]
+  return [devices[i] for i in np.random.default_rng(0).permutation(len(devices))]
+
+
+def _attr(grid, name):
+  return np.vectorize(lambda device: getattr(device, name))(grid)
+
+
+@pytest.mark.parametrize('shape, ici, dcn', [
+    ((-1, 2, 4), (1, 2, 4), (2, 1, 1)),  # 'data' spans the slices...
+    ((1, 4, 4), (1, 2, 4), (1, 2, 1)),  # ... or, where it is 1, 'fsdp'.
+    ((4, 2, 2), (2, 2, 2), (2, 1, 1)),
+])
+def test_mesh_over_tpu_slices_keeps_model_groups_in_one_slice(shape, ici, dcn):
+  from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  devices = _two_tpu_slices()
+  grid = mesh_lib.make_mesh(shape, devices).devices
+  expected = mesh_utils.create_hybrid_device_mesh(ici, dcn, devices)
+  np.testing.assert_array_equal(_attr(grid, 'id'), _attr(expected, 'id'))
+  slices = _attr(grid, 'slice_index')
+  assert (slices == slices[..., :1]).all()  # Each model group lies in one slice.
+  data, fsdp, model = grid.shape  # The slices split 'data' first, then 'fsdp'.
+  np.testing.assert_array_equal(slices, np.broadcast_to(
+      np.arange(data)[:, None, None] * dcn[0] // data * dcn[1]
+      + np.arange(fsdp)[None, :, None] * dcn[1] // fsdp, grid.shape))
+  # Within a slice (a 2x2x2 cube of chips), a model group is a face (4) or an edge (2).
+  for group in grid.reshape(-1, model):
+    assert (np.ptp([device.coords for device in group], axis=0) > 0).sum() == model // 2
+  # Laid out in list order, as before, model groups would span the slices.
+  naive = _attr(np.asarray(devices).reshape(grid.shape), 'slice_index')
+  assert not (naive == naive[..., :1]).all()
+
+
+def test_mesh_over_processes_is_the_hybrid_mesh_of_their_devices():
+  from jax.experimental import mesh_utils  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  devices = [FakeDevice(i, i // 4, platform='cpu', device_kind='cpu') for i in range(8)]
+  grid = mesh_lib.make_mesh((1, 2, 4), devices).devices
+  expected = mesh_utils.create_hybrid_device_mesh((1, 1, 4), (1, 2, 1), devices,
+                                                  process_is_granule=True)
+  np.testing.assert_array_equal(_attr(grid, 'id'), _attr(expected, 'id'))
+  np.testing.assert_array_equal(_attr(grid, 'process_index'), [[[0] * 4, [1] * 4]])
+
+
+@pytest.mark.parametrize('devices, shape, message', [
+    (_two_tpu_slices(), (1, 1, 16), 'config.mesh_shape=(1, 1, 16): the model axis (16) must '
+     'divide the 8 devices of each slice, so that a model group never spans TPU slices.'),
+    ([FakeDevice(i, i // 4, platform='cpu', device_kind='cpu') for i in range(8)], (1, 1, 8),
+     'config.mesh_shape=(1, 1, 8): the model axis (8) must divide the 4 devices of each '
+     'process, so that a model group never spans hosts.'),
+    ([FakeDevice(i, int(i >= 3), platform='cpu', device_kind='cpu') for i in range(8)],
+     (-1, 1, 1), 'config.mesh_shape=(-1, 1, 1): the processes (2) have different '
+     'device counts ([3, 5]); give every process the same number of devices.'),
+])
+def test_mesh_across_slices_and_hosts_errors(devices, shape, message):
+  from vit_jax.train import mesh as mesh_lib  # pylint: disable=g-import-not-at-top
+  with pytest.raises(ValueError) as error:
+    mesh_lib.make_mesh(shape, devices)
+  assert str(error.value) == message
 
 
 def test_mesh_errors_name_the_problem(eight_devices):

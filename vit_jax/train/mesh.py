@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
+from jax.experimental import mesh_utils
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
@@ -33,11 +34,55 @@ LOGICAL_AXIS_RULES = (
 FSDP_MIN_SIZE = 2**12  # Default `fsdp_min_size`.
 
 
+def _granules(devices) -> tuple[str, list[list[Any]]]:
+  """('slice' or 'process', the groups of devices that only the slow network (DCN) joins).
+
+  TPU slices (distinct `slice_index` values); otherwise the processes (hosts), except on one
+  TPU slice, whose chips are all linked by its ICI.
+  """
+  def groups(attr):
+    found: dict[int, list] = {}
+    for device in devices:
+      found.setdefault(getattr(device, attr), []).append(device)
+    return [found[key] for key in sorted(found)]
+  if len({getattr(device, 'slice_index', 0) for device in devices}) > 1:
+    return 'slice', groups('slice_index')
+  if devices[0].platform == 'tpu':
+    return 'slice', [list(devices)]
+  return 'process', groups('process_index')
+
+
+def _dcn_shape(shape: tuple[int, ...], num_granules: int) -> tuple[int, ...]:
+  """How many granules each axis spans: as many as possible on 'data', the rest on 'fsdp'.
+
+  `model` spans none (the caller checks that it divides the devices of a granule), so
+  data x fsdp is a multiple of the granule count and this split always exists.
+  """
+  data = math.gcd(shape[0], num_granules)
+  return data, num_granules // data, 1
+
+
+def device_grid(shape: tuple[int, ...], devices: Sequence[Any]) -> np.ndarray:
+  """The devices laid out on a (data, fsdp, model) grid of `shape` by their topology.
+
+  On one slice or process, `mesh_utils.create_device_mesh` (TPU: neighbouring chips share an
+  axis); across slices or processes, `create_hybrid_device_mesh`, so that the slow links
+  between them carry only 'data' (then 'fsdp') and each model group stays within one.
+  """
+  kind, granules = _granules(devices)
+  if len(granules) == 1:
+    return mesh_utils.create_device_mesh(shape, devices)
+  dcn = _dcn_shape(shape, len(granules))
+  ici = tuple(size // parts for size, parts in zip(shape, dcn))
+  return mesh_utils.create_hybrid_device_mesh(ici, dcn, devices,
+                                              process_is_granule=kind == 'process')
+
+
 def make_mesh(mesh_shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
   """A (data, fsdp, model) mesh over all devices of all processes; one -1 takes the rest.
 
-  Model groups (the last axis) are consecutive devices, so on several hosts they stay
-  within one host as long as `model` divides the local device count.
+  The devices are laid out by their topology (`device_grid`): a model group never spans
+  TPU slices or hosts, and 'data' spans them before 'fsdp' does.
   """
   devices = jax.devices() if devices is None else list(devices)
   shape = tuple(int(n) for n in mesh_shape)
@@ -51,17 +96,25 @@ def make_mesh(mesh_shape: Sequence[int] = (-1, 1, 1), devices=None) -> Mesh:
       raise errors.ConfigError(f'{where}: {len(devices)} devices do not split into groups of '
                                f'{known}; use sizes whose product divides {len(devices)}.')
     shape = tuple(len(devices) // known if n == -1 else n for n in shape)
+  num_processes = len({device.process_index for device in devices})
   if math.prod(shape) != len(devices):
     raise errors.ConfigError(f'{where} needs {math.prod(shape)} devices, but there are '
-                             f'{len(devices)} ({jax.process_count()} process(es) x '
-                             f'{jax.local_device_count()} local devices); make the product of the '
-                             'sizes equal the device count, or use -1.')
+                             f'{len(devices)} ({num_processes} process(es) x '
+                             f'{len(devices) // num_processes} local devices); make the product '
+                             'of the sizes equal the device count, or use -1.')
+  kind, granules = _granules(devices)
+  sizes = sorted({len(granule) for granule in granules})
+  if len(sizes) > 1:
+    plural = {'slice': 'slices', 'process': 'processes'}[kind]
+    raise errors.ConfigError(f'{where}: the {plural} ({len(granules)}) have different device '
+                             f'counts ({sizes}); give every {kind} the same number of devices.')
   model_size = shape[2]
-  if jax.process_count() > 1 and jax.local_device_count() % model_size:
+  if len(granules) > 1 and sizes[0] % model_size:
+    spans = 'hosts' if kind == 'process' else 'TPU slices'
     raise errors.ConfigError(f'{where}: the model axis ({model_size}) must divide the '
-                             f'{jax.local_device_count()} devices of each process, so that a model '
-                             'group never spans hosts.')
-  return Mesh(np.asarray(devices).reshape(shape), MESH_AXES)
+                             f'{sizes[0]} devices of each {kind}, so that a model group never '
+                             f'spans {spans}.')
+  return Mesh(device_grid(shape, devices), MESH_AXES)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
