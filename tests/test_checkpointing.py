@@ -4,12 +4,14 @@ Each case runs `python -m vit_jax.main` in a subprocess on real files, and ends 
 uninterrupted run (the digits model is deterministic on the CPU).
 """
 
+import json
 import os
 import pathlib
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 
 import pytest
 from helpers import REPO, digits_command, final_eval, user_error
@@ -125,3 +127,60 @@ echo $? > {tmp_path}/rerun.rc
   rerun = (tmp_path / 'rerun.out').read_text()
   assert (tmp_path / 'rerun.rc').read_text().strip() == '0', (tmp_path / 'rerun.err').read_text()
   assert re.search(r'eval at step 8: .*', rerun).group(0) == reference
+
+
+RESTORE_MEMORY = textwrap.dedent('''
+    import json, sys
+    import jax, jax.numpy as jnp, numpy as np, optax
+    from vit_jax.train import checkpointing
+
+    def params():  # 128 MB of float32.
+      rng = np.random.default_rng(0)
+      return {f'layer_{i}': {'kernel': rng.standard_normal((1024, 4096), np.float32)}
+              for i in range(8)}
+
+    def status(field):  # Bytes.
+      with open('/proc/self/status') as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field))
+
+    if sys.argv[1] == 'write':  # The train state of a run with Adam: 3x the params.
+      state = {'step': jnp.int32(1), 'params': params(), 'rng': jax.random.PRNGKey(0)}
+      state['opt_state'] = optax.adam(1e-3).init(state['params'])
+      with checkpointing.Checkpointer(sys.argv[2]) as checkpointer:
+        checkpointer.save(1, state)
+    else:
+      jax.devices()
+      # getrusage's peak starts at the parent's resident size (fork); VmHWM can be reset.
+      with open('/proc/self/clear_refs', 'w') as f:
+        f.write('5')
+      before = status('VmRSS:')
+      restored, step = checkpointing.restore_params(sys.argv[2])
+      peak = status('VmHWM:')
+      expected = params()
+      print(json.dumps({'params_bytes': sum(x.nbytes for x in jax.tree.leaves(expected)),
+                        'before': before, 'peak': peak, 'step': step,
+                        'equal': jax.tree.all(jax.tree.map(np.array_equal, restored, expected))}))
+''')
+
+
+def _restore_memory(mode: str, workdir: str) -> str:
+  out = subprocess.run([sys.executable, '-c', RESTORE_MEMORY, mode, workdir], cwd=REPO,
+                       capture_output=True, text=True, timeout=300,
+                       env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/self/clear_refs'), reason='needs Linux /proc')
+def test_restoring_params_reads_only_the_params(tmp_path):
+  """A workdir with Adam state (2x the params): restoring its params takes about their size."""
+  workdir = str(tmp_path / 'adam')
+  _restore_memory('write', workdir)
+  result = json.loads(_restore_memory('read', workdir).strip().splitlines()[-1])
+  assert result['step'] == 1 and result['equal']
+  growth = result['peak'] - result['before']
+  print(f'restore_params of {result["params_bytes"] / 2**20:.0f} MB of params (train state '
+        f'{3 * result["params_bytes"] / 2**20:.0f} MB): peak resident memory grew by '
+        f'{growth / 2**20:.0f} MB ({growth / result["params_bytes"]:.2f}x the params), from '
+        f'{result["before"] / 2**20:.0f} MB to {result["peak"] / 2**20:.0f} MB')
+  assert growth < 1.5 * result['params_bytes']

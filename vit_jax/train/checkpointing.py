@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import time
+from typing import Any
 
 import jax
 import ml_collections
@@ -27,6 +28,7 @@ import orbax.checkpoint as ocp
 from vit_jax import errors, files, progress, weights
 from vit_jax.train import checkpoint_mirror, orbax_errors
 
+_ITEM = 'default'  # The directory of the state in each step's directory (orbax's name).
 _ASIDE = 'unreadable-{step}'  # Where training moves a checkpoint it cannot read.
 # How the config asks readers other than training to take an older readable checkpoint.
 FALL_BACK_HINT = '--config.checkpoint_fallback=True'
@@ -242,16 +244,30 @@ class Checkpointer:
       return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
     return self._first_readable(read, step, fall_back, move_aside)
 
-  def restore_params(self, step: int | None = None, *,
-                     fall_back: bool = False) -> tuple[dict, int]:
-    """(params as host numpy arrays, step) of a checkpoint, whatever the model's shapes."""
-    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+  def restore_params(self, step: int | None = None, *, fall_back: bool = False,
+                     abstract_params=None) -> tuple[Any, int]:
+    """(params, step) of a checkpoint; only the params are read (no optimizer state).
 
+    Without `abstract_params`: host numpy arrays, whatever the model's shapes. With it (a
+    tree of ShapeDtypeStructs with shardings): arrays placed straight into its shardings,
+    refused as by `restore` when the checkpoint's shapes differ.
+    """
     def read(step):
-      abstract = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype, sharding=device),
-                              dict(self._manager.item_metadata(step)))
-      restored = self._manager.restore(step, args=ocp.args.StandardRestore(abstract))
-      return jax.tree.map(np.asarray, restored['params'])
+      stored = dict(self._manager.item_metadata(step))['params']
+      if abstract_params is None:
+        item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), stored)
+        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), stored)
+      else:
+        self._check_shapes(step, {'params': abstract_params})
+        item = abstract_params
+        restore_args = jax.tree.map(
+            lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape,
+                                           dtype=a.dtype), abstract_params)
+      path = os.path.join(self._managed, str(step), _ITEM)
+      with ocp.PyTreeCheckpointer() as reader:
+        return reader.restore(path, args=ocp.args.PyTreeRestore(
+            {'params': item}, restore_args={'params': restore_args},
+            partial_restore=True))['params']
     step, params = self._first_readable(read, step, fall_back, move_aside=False)
     return params, step
 
