@@ -1,8 +1,10 @@
 """Where images come from: the embedded digits set, TFDS datasets, and image folders.
 
 `load` turns `config.dataset` into a `Source`: this host's share of the train and test splits as
-tf.data datasets of small records (arrays, encoded bytes or file paths), a `decode` function that
-turns a record into {'image': uint8 (H, W, C), 'label': int32 ()}, and the split sizes.
+small records (arrays, encoded bytes or file paths), a `decode` function that turns a record into
+{'image': uint8 (H, W, C), 'label': int32 ()}, and the split sizes. Train records are read by
+index (`read_train`), so that a resumed run starts reading where it stopped; only TFDS datasets
+stored as tfrecord files, which have no index, are read as a stream (`train`).
 Each split is divided among hosts like `tfds.even_splits` does it: with N examples and P hosts,
 every host gets N // P and the first N % P hosts one more.
 """
@@ -38,11 +40,17 @@ class Source:
   num_test_examples: int  # Whole test split, all hosts together.
   local_num_test_examples: int  # This host's share of the test split.
   max_local_test_examples: int  # Largest share of any host: sets the eval batch count everywhere.
-  train: Callable[[int], Any]  # shuffle_seed -> tf.data.Dataset of this host's train records.
+  local_num_train_examples: int  # This host's share of the train split.
+  # int64 index in 0..local_num_train_examples-1 -> this host's train record (tf ops).
+  read_train: Callable[[Any], dict] | None
+  # shuffle_seed -> tf.data.Dataset of this host's train records; only where read_train is None.
+  train: Callable[[int], Any] | None
   test: Callable[[], Any]  # () -> tf.data.Dataset of this host's test records, in a fixed order.
   # record -> {'image': uint8 (H, W, C), 'label': int32 ()}; None: records are that already.
   decode: Callable[[Any], dict] | None
-  decode_can_fail: bool = False  # True: records that fail to decode are dropped (image folders).
+  # True (image folders): records may fail to decode; eval drops them, and in training another
+  # image of the same batch takes the place of one.
+  decode_can_fail: bool = False
   skipped_files: tuple[str, ...] = ()  # Files left out at load time (image folders).
   class_names: tuple[str, ...] = ()  # Name of each label id; () when the dataset has none.
 
@@ -78,9 +86,10 @@ def _in_memory_source(name: str, class_names: tuple[str, ...],
     start, stop = host_range(len(labels), process_index, process_count)
     shares[split] = {'image': images[start:stop], 'label': labels[start:stop].astype(np.int32)}
 
-  def train(shuffle_seed):
-    del shuffle_seed  # The pipeline shuffles; the records have no file order to shuffle.
-    return tf.data.Dataset.from_tensor_slices(shares['train'])
+  train_columns = {key: tf.constant(value) for key, value in shares['train'].items()}
+
+  def read_train(index):
+    return {key: tf.gather(column, index) for key, column in train_columns.items()}
 
   def test():
     return tf.data.Dataset.from_tensor_slices(shares['test'])
@@ -91,9 +100,11 @@ def _in_memory_source(name: str, class_names: tuple[str, ...],
       num_classes=len(class_names),
       num_train_examples=len(splits['train'][1]),
       num_test_examples=num_test,
+      local_num_train_examples=len(shares['train']['label']),
       local_num_test_examples=len(shares['test']['label']),
       max_local_test_examples=-(-num_test // process_count),
-      train=train,
+      read_train=read_train,
+      train=None,
       test=test,
       decode=None,
       class_names=class_names)
@@ -173,6 +184,31 @@ def _prepare_tfds(builder, name: str, config: ml_collections.ConfigDict, tfds):
     downloader.MAX_RETRIES = default_retries
 
 
+def _tfds_reader(builder, split, decoders, image_feature):
+  """(index -> record in tf ops, number of records) of a TFDS split read by index, or (None, 0).
+
+  Random access needs the dataset stored as ArrayRecord (`tfds build --file_format=array_record`);
+  tfrecord files can only be read in order.
+  """
+  try:
+    data_source = builder.as_data_source(split=split, decoders=decoders)
+  except (NotImplementedError, ValueError, TypeError) as e:
+    logging.info('TFDS dataset %s is read in order (no random access: %s).', builder.name, e)
+    return None, 0
+  image_dtype = tf.string if decoders else image_feature.dtype
+
+  def fetch(index):
+    example = data_source[int(index)]
+    return np.asarray(example['image']), np.int64(example['label'])
+
+  def read_train(index):
+    image, label = tf.numpy_function(fetch, [index], [image_dtype, tf.int64], stateful=False)
+    return {'image': tf.ensure_shape(image, [] if decoders else image_feature.shape),
+            'label': tf.ensure_shape(label, [])}
+
+  return read_train, len(data_source)
+
+
 def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_count: int,
               builder=None) -> Source:
   """A TFDS dataset with an 'image' feature and a 'label' ClassLabel feature."""
@@ -207,6 +243,10 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
     return records(train_split, shuffle_files=True,
                    read_config=tfds.ReadConfig(shuffle_seed=shuffle_seed))
 
+  read_train, local_num_train = _tfds_reader(builder, train_split, decoders, image_feature)
+  if read_train is None:
+    local_num_train = _tfds_split_size(builder, train_split)
+
   def test():
     return records(test_split, shuffle_files=False)
 
@@ -221,9 +261,11 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
       num_classes=label_feature.num_classes,
       num_train_examples=_tfds_split_size(builder, config.train_split),
       num_test_examples=_tfds_split_size(builder, config.test_split),
+      local_num_train_examples=local_num_train,
       local_num_test_examples=test_shares[process_index],
       max_local_test_examples=max(test_shares),
-      train=train,
+      read_train=read_train,
+      train=train if read_train is None else None,
       test=test,
       decode=decode,
       class_names=tuple(label_feature.names))
@@ -314,31 +356,33 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
                    'label': np.array(labels, dtype=np.int32)[share]}
     sizes[key] = len(paths)
 
-  def dataset(key):
+  def columns(key):
     # An empty share (more hosts than images) still needs typed columns.
     paths, labels = shares[key]['path'], shares[key]['label']
-    columns = {'path': tf.constant(paths, tf.string, shape=[len(paths)]),
-               'label': tf.constant(labels, tf.int32)}
-    return tf.data.Dataset.from_tensor_slices(columns)
+    return {'path': tf.constant(paths, tf.string, shape=[len(paths)]),
+            'label': tf.constant(labels, tf.int32)}
+
+  train_columns = columns('train_split')
+
+  def read_train(index):
+    return {key: tf.gather(column, index) for key, column in train_columns.items()}
 
   def decode(record):
     image = tf.io.decode_image(tf.io.read_file(record['path']), channels=config.channels,
                                expand_animations=False)
     return {'image': image, 'label': record['label']}
 
-  def train(shuffle_seed):
-    del shuffle_seed  # The pipeline shuffles the paths.
-    return dataset('train_split')
-
   return Source(
       name=root,
       num_classes=len(class_names),
       num_train_examples=sizes['train_split'],
       num_test_examples=sizes['test_split'],
+      local_num_train_examples=len(shares['train_split']['label']),
       local_num_test_examples=len(shares['test_split']['label']),
       max_local_test_examples=-(-sizes['test_split'] // process_count),
-      train=train,
-      test=lambda: dataset('test_split'),
+      read_train=read_train,
+      train=None,
+      test=lambda: tf.data.Dataset.from_tensor_slices(columns('test_split')),
       decode=decode,
       decode_can_fail=True,
       skipped_files=tuple(skipped_files),

@@ -1,0 +1,59 @@
+"""Which record each train example is, computed from its position in the stream.
+
+Position p of a host's train stream (p = step * batch_size + row) is record
+`record_index(p)`: epoch p // n of the n records, each epoch a fresh stateless permutation
+(`tf.random.experimental.index_shuffle`). A run resumed at step N therefore starts at position
+N * batch_size without reading, let alone decoding, anything before it.
+
+Records that fail to decode (a truncated JPEG in an image folder) keep their position: the
+example is marked failed, and `fill_failed_rows` gives its row of the batch to another image of
+the same batch, so a folder with bad files yields the same batches whether or not the run stopped.
+"""
+
+from vit_jax import errors
+from vit_jax.data.tf_cpu import tf
+
+_NO_END = 2**62  # Positions of an endless stream.
+
+
+def record_index(position, num_records: int, shuffle_seed: int | None):
+  """The record at int64 `position`: epoch-wise permutations of 0..num_records-1 (None: in order)."""
+  epoch, offset = position // num_records, position % num_records
+  if shuffle_seed is None:
+    return offset
+  seed = tf.stack([tf.constant(shuffle_seed, tf.int64), epoch])
+  last = tf.constant(num_records - 1, tf.int64)
+  return tf.random.experimental.index_shuffle(offset, seed, last)
+
+
+def positions(start: int, num_records: int, shuffle_seed: int | None):
+  """Endless dataset of (position, record index) from position `start` on."""
+  if num_records < 1:
+    raise errors.ConfigError('This host has no train examples: the train split has fewer '
+                             'examples than there are processes.')
+  return tf.data.Dataset.range(start, _NO_END).map(
+      lambda p: (p, record_index(p, num_records, shuffle_seed)))
+
+
+def failsafe_map(dataset, prepare, failed):
+  """`dataset.map(prepare)` where an element whose `prepare` raises becomes `failed(element)`.
+
+  The order and the number of elements stay those of `dataset`.
+  """
+  def one(*element):
+    attempt = tf.data.Dataset.from_tensors(element).map(prepare).ignore_errors(log_warning=True)
+    return attempt.concatenate(tf.data.Dataset.from_tensors(failed(*element))).take(1)
+
+  return dataset.interleave(one, cycle_length=tf.data.AUTOTUNE, block_length=1,
+                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def fill_failed_rows(batch):
+  """Drops 'ok' from a batch, giving each failed row the content of an ok row (round robin)."""
+  ok = batch.pop('ok')
+  ok_rows = tf.cast(tf.where(ok)[:, 0], tf.int32)
+  num_ok = tf.size(ok_rows)
+  tf.debugging.assert_positive(num_ok, message='No image of a whole train batch could be decoded.')
+  failed_rank = tf.cumsum(tf.cast(tf.logical_not(ok), tf.int32)) - 1
+  rows = tf.where(ok, tf.range(tf.size(ok)), tf.gather(ok_rows, tf.maximum(failed_rank, 0) % num_ok))
+  return {key: tf.gather(value, rows) for key, value in batch.items()}
