@@ -188,6 +188,16 @@ def test_randaugment_is_seeded_and_keeps_shape():
   np.testing.assert_array_equal(out, augment.randaugment(image, 3, 10, seed))
 
 
+def test_inception_crop_mirrors_in_the_crop_as_random_flip_would():
+  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  pixels = np.random.default_rng(0).integers(0, 256, (16, 30, 40, 3), np.uint8)
+  crop_seed, flip_seed = tf.constant([1, 2], tf.int64), tf.constant([3, 4], tf.int64)
+  flipped = preprocess.inception_crop(pixels, 12, crop_seed, 0.05, flip_seed).numpy()
+  unflipped = preprocess.inception_crop(pixels, 12, crop_seed, 0.05).numpy()
+  np.testing.assert_array_equal(flipped, preprocess.random_flip(unflipped, flip_seed).numpy())
+  assert 0 < sum((flipped[i] != unflipped[i]).any() for i in range(16)) < 16
+
+
 def test_augment_ops_do_what_their_names_say():
   rng = np.random.default_rng(0)
   square = rng.integers(0, 256, (6, 6, 3), np.uint8)

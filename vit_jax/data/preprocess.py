@@ -66,11 +66,13 @@ def random_crop(images, size: int, seed):
   return tf.gather(images, cols, axis=2, batch_dims=1)  # (B, size, size, C)
 
 
-def inception_crop(images, size: int, seed, min_area: float):
+def inception_crop(images, size: int, seed, min_area: float, flip_seed=None):
   """Random-resized crop: a window per image, resized to (size, size).
 
   The window covers a uniform min_area..1 fraction of the image area with an aspect ratio
-  log-uniform in 3/4..4/3; a side that would exceed the image is clipped to it.
+  log-uniform in 3/4..4/3; a side that would exceed the image is clipped to it. With
+  `flip_seed`, crops are mirrored as `random_flip(crops, flip_seed)` would, for free: the
+  window is sampled from right to left.
   """
   batch, height, width = tf.unstack(tf.cast(tf.shape(images)[:3], tf.float32))
   draws = _uniform([tf.cast(batch, tf.int32), 4], seed)  # (B, 4)
@@ -81,15 +83,24 @@ def inception_crop(images, size: int, seed, min_area: float):
   box_w = tf.minimum(tf.sqrt(area * aspect * height / width), 1.0)
   top = draws[:, 2] * (1.0 - box_h)
   left = draws[:, 3] * (1.0 - box_w)
-  boxes = tf.stack([top, left, top + box_h, left + box_w], axis=1)  # (B, 4) normalized y/x.
+  right = left + box_w
+  if flip_seed is not None:
+    flip = _flips(tf.shape(images)[0], flip_seed)
+    left, right = tf.where(flip, right, left), tf.where(flip, left, right)
+  boxes = tf.stack([top, left, top + box_h, right], axis=1)  # (B, 4) normalized y/x.
   crops = tf.image.crop_and_resize(tf.cast(images, tf.float32), boxes,
                                    tf.range(tf.shape(images)[0]), [size, size])
   return augment.to_uint8(crops)
 
 
+def _flips(batch, seed):
+  """(B,) bool: which images of a batch to mirror."""
+  return _uniform([batch], seed) < 0.5
+
+
 def random_flip(images, seed):
   """Mirrors each image of (B, H, W, C) left-right with probability 1/2."""
-  flip = _uniform([tf.shape(images)[0]], seed) < 0.5
+  flip = _flips(tf.shape(images)[0], seed)
   return tf.where(flip[:, None, None, None], tf.reverse(images, axis=[2]), images)
 
 
@@ -121,8 +132,10 @@ def train_images(images, seed, config: ml_collections.ConfigDict):
       tf.random.experimental.stateless_split(seed, num=3))
   size = config.image_size
   images = to_channels(images, config.channels)
+  flip_in_crop = config.flip and config.train_crop == 'inception_crop'
   if config.train_crop == 'inception_crop':
-    images = inception_crop(images, size, crop_seed, config.inception_crop_min_area)
+    images = inception_crop(images, size, crop_seed, config.inception_crop_min_area,
+                            flip_seed if flip_in_crop else None)
   elif config.train_crop == 'resize_random_crop':
     images = resize(images, max(size, round(size * config.resize_ratio)))
     images = random_crop(images, size, crop_seed)
@@ -135,7 +148,7 @@ def train_images(images, seed, config: ml_collections.ConfigDict):
   else:
     raise errors.ConfigError(f'config.train_crop={config.train_crop!r} is not a known train crop.')
   images = tf.ensure_shape(images, [None, size, size, config.channels])
-  if config.flip:
+  if config.flip and not flip_in_crop:
     images = random_flip(images, flip_seed)
   if config.randaugment_layers > 0 and config.randaugment_magnitude > 0:
     example_seeds = tf.random.experimental.stateless_split(
