@@ -106,6 +106,8 @@ RULES = [
     Rule(r'vit_jax\.benchmark .*--compile-depth',
          '--depth-model ViT-testing --resolution 32 --compile-repeats 1 --no-unrolled',
          expect=r'deep/shallow compile time'),
+    Rule(r'vit_jax\.benchmark .*--mode data', '--num-images 8 --batch 4 --steps 1 --warmup 1 '
+         '--resolution 32 --variants crop+flip', expect=r'crop\+flip +\d'),
     Rule(r'vit_jax\.benchmark .*--mode seq2seq.*--profile', TINY_SEQ2SEQ, expect=r'of the step'),
     Rule(r'vit_jax\.benchmark .*--mode seq2seq.*--compare torch', TINY_SEQ2SEQ,
          expect=r'ours/torch train tokens/s') if HAS_TORCH else

@@ -29,6 +29,7 @@ from vit_jax.benchmark import report as report_lib
 from vit_jax.benchmark import timing
 from vit_jax.benchmark.attention_memory import benchmark_attention_memory
 from vit_jax.benchmark.compile_depth import benchmark_compile_depth
+from vit_jax.benchmark import data_input
 from vit_jax.benchmark.seq2seq import benchmark_seq2seq
 from vit_jax.benchmark.seq2seq_profile import benchmark_seq2seq_profile
 from vit_jax.benchmark.steps import DTYPES
@@ -79,7 +80,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                   'against timm), attention memory, and compile time against depth.',
       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
   parser.add_argument('--model', default='ViT-B_16', help='registry name')
-  parser.add_argument('--mode', default='infer', choices=('infer', 'train', 'seq2seq'))
+  parser.add_argument('--mode', default='infer', choices=('infer', 'train', 'seq2seq', 'data'),
+                      help='data: images/s of the train input pipeline on JPEG files')
   parser.add_argument('--batch', type=int, default=8)
   parser.add_argument('--resolution', type=int, default=224, help='image side (pixels)')
   parser.add_argument('--dtype', default='float32', choices=tuple(DTYPES),
@@ -128,6 +130,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--decode-length', type=int, default=64,
                       help='seq2seq: tokens generated per greedy decode')
   parser.add_argument('--vocab-size', type=int, default=32000)
+  parser.add_argument('--images', help='data: an image folder DIR/train/<class>/*.jpg to read '
+                      '(default: JPEGs of ImageNet size written for the run)')
+  parser.add_argument('--num-images', type=int, default=256,
+                      help='data: JPEG files to write when --images is not given')
+  parser.add_argument('--variants', type=lambda text: text.split(','),
+                      default=list(data_input.VARIANTS),
+                      help='data: comma-separated pipelines to time, of '
+                      f'{",".join(data_input.VARIANTS)}')
+  parser.add_argument('--feed', type=float, default=3000.0,
+                      help='data: the images/s a train step consumes, for the cores needed to '
+                      'feed it (default: ViT-B/16 bf16 on one H200)')
   parser.add_argument('--attention-memory', action='store_true',
                       help='memory of the attention paths at growing token counts')
   parser.add_argument('--resolutions', type=_int_list, default=[256, 512, 768, 1024],
@@ -142,7 +155,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--no-unrolled', action='store_true',
                       help='--compile-depth: skip compiling the deep model unrolled')
   args = parser.parse_args(argv)
-  peer = {'seq2seq': 'torch'}.get(args.mode, 'timm')
+  peer = {'seq2seq': 'torch', 'data': None}.get(args.mode, 'timm')
+  if args.compare and peer is None:
+    parser.error(f'--compare does not apply to --mode {args.mode}')
   if args.compare and args.compare != peer:
     parser.error(f'--compare {args.compare} does not apply to --mode {args.mode}; '
                  f'use --compare {peer}')
@@ -150,6 +165,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.error('--profile applies to --mode seq2seq, without --compare')
   if args.steps < 1 or args.batch < 1 or args.warmup < 0:
     parser.error('--steps and --batch must be positive and --warmup non-negative')
+  unknown = [v for v in args.variants if v not in data_input.VARIANTS]
+  if unknown:
+    parser.error(f'--variants: unknown {unknown}; choose from {list(data_input.VARIANTS)}')
   unknown = [i for i in args.memory_impls if i not in ATTENTION_IMPLEMENTATIONS]
   if unknown:
     parser.error(f'--memory-impls: unknown {unknown}; choose from {ATTENTION_IMPLEMENTATIONS}')
@@ -189,6 +207,11 @@ def _run(args: argparse.Namespace) -> tuple[dict, str, str]:
     text = report_lib.format_compile_depth(report)
     title = f'compile time against depth ({args.depth_model}, batch {args.batch}, ' \
             f'{args.resolution}px, {args.dtype})'
+  elif args.mode == 'data':
+    report = data_input.benchmark_data(args)
+    text = report_lib.format_data(report)
+    title = (f'train input | {args.resolution}px | batch {args.batch} | {report["num_files"]} '
+             f'JPEG files, {report["mean_file_kb"]:.0f} KB on average | inception crop, flip')
   elif args.mode == 'seq2seq':
     if args.profile:
       report = benchmark_seq2seq_profile(args)

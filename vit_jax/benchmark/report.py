@@ -66,6 +66,15 @@ def format_vit(report: dict) -> str:
   return '\n'.join(lines)
 
 
+def format_data(report: dict) -> str:
+  rows = [[row['variant'], _num(row['per_core'], ',.0f'), _num(row['all_cores'], ',.0f'),
+           _num(row['all_cores'] / report['cores'], ',.0f'), _num(row['cores_to_feed'], '.1f')]
+          for row in report['rows']]
+  header = ['', 'images/s, 1 core', f'images/s, {report["cores"]} cores', 'per core',
+            f'cores for {report["feed"]:,.0f}/s']
+  return _table(header, rows)
+
+
 def format_seq2seq(report: dict) -> str:
   names = ['train', 'decode_cached', 'decode_uncached']
   rows = [[n, _num(report[n]['compile_s'], '.1f'), _ms(report[n]['step_s_median']),
