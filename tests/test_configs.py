@@ -122,6 +122,14 @@ def test_a_saved_config_keeps_its_types_and_takes_new_defaults():
     config_lib.from_saved({'task': 'x'}, 'config.json')
 
 
+def test_a_saved_image_config_with_the_old_shuffle_buffer_default_takes_the_new_one():
+  saved = json.loads(config_lib.classification_config('ViT-testing').to_json_best_effort())
+  saved['data']['shuffle_buffer'] = 10_000  # The default before images were read by index.
+  assert config_lib.from_saved(saved, 'config.json').data.shuffle_buffer == 0
+  saved['data']['shuffle_buffer'] = 1
+  assert config_lib.from_saved(saved, 'config.json').data.shuffle_buffer == 1
+
+
 def _store_tfds_dataset(data_dir, name, num_examples=24, size=8):
   """A prepared TFDS dataset `name` (images and 3 labels) in data_dir."""
   tfds = pytest.importorskip('tensorflow_datasets')

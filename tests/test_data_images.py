@@ -417,6 +417,9 @@ def test_config_mistakes_are_named():
     images.build(_config(test_split='validation'), process_index=0, process_count=1)
   with pytest.raises(ValueError, match=r'process_index=2 must be in \[0, process_count=2\)'):
     images.build(_config(), process_index=2, process_count=2)
+  with pytest.raises(ValueError, match=r"shuffle_buffer=500 applies to TFDS datasets stored as "
+                                       r"tfrecord.*'digits' is read by index"):
+    images.build(_config(shuffle_buffer=500), process_index=0, process_count=1)
 
 
 def test_importing_images_does_not_import_tensorflow():

@@ -264,7 +264,8 @@ class ImageDataset:
 
     Yields {'image': float32 (batch_size, H, W, C) in [-1, 1], 'label': int32 (batch_size,)};
     with mixup_alpha > 0, 'label' is float32 (batch_size, num_classes) with rows summing to 1.
-    The same seed (and host) gives the same batches; `start_step` skips that many batches.
+    The same seed (and host) gives the same batches; the stream starts at batch `start_step`
+    without reading the records of the batches before it.
     """
     return self.train_dataset(batch_size, seed, start_step).as_numpy_iterator()
 
@@ -356,4 +357,9 @@ def build(config, process_index: int | None = None,
   config = _checked_config(ml_collections.ConfigDict(config))
   from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
   source = sources.load(config, process_index, process_count)
+  if source.read_train is not None and config.shuffle_buffer > 1:
+    raise errors.ConfigError(
+        f'config.data.shuffle_buffer={config.shuffle_buffer} applies to TFDS datasets stored as '
+        f'tfrecord, which are read in order; {source.name!r} is read by index and gets a new '
+        'order of the whole train split each epoch: set it to 0 (or 1 to keep the order).')
   return ImageDataset(config, source, process_index, process_count)

@@ -184,7 +184,8 @@ def from_saved(saved: dict, source: str) -> ml_collections.ConfigDict:
 
   So every field keeps its type (and can be overridden on the command line), and fields
   added since the run was saved take their defaults. Older names are carried over:
-  `mixed_precision=True` became `model.dtype='bfloat16'`, `model.matmul` became `matmul`.
+  `mixed_precision=True` became `model.dtype='bfloat16'`, `model.matmul` became `matmul`, and
+  the images' old default `data.shuffle_buffer=10000` became 0 (a new order each epoch).
   """
   saved = dict(saved)
   task = saved.get('task')
@@ -195,6 +196,8 @@ def from_saved(saved: dict, source: str) -> ml_collections.ConfigDict:
   config = _TASK_CONFIGS[task](model)
   if saved.pop('mixed_precision', False):
     saved.setdefault('model', {})['dtype'] = 'bfloat16'
+  if task == 'classification' and saved.get('data', {}).get('shuffle_buffer') == 10_000:
+    saved['data'] = {**saved['data'], 'shuffle_buffer': 0}  # The old default: a buffer.
   if 'matmul' in saved.get('model', {}):
     saved['model'] = dict(saved['model'])
     saved.setdefault('matmul', saved['model'].pop('matmul'))
