@@ -198,6 +198,28 @@ def test_inception_crop_mirrors_in_the_crop_as_random_flip_would():
   assert 0 < sum((flipped[i] != unflipped[i]).any() for i in range(16)) < 16
 
 
+@pytest.mark.parametrize('image_format', ['jpeg', 'png'])
+@pytest.mark.parametrize('flip', [False, True])
+def test_inception_crop_of_encoded_images_decodes_only_the_window_alike(image_format, flip):
+  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  rng = np.random.default_rng(1)
+  coarse = rng.integers(0, 256, (6, 8, 3), np.uint8)
+  pixels = tf.image.resize(coarse[None], (45, 60), method='bicubic')[0]  # Smooth, like photos.
+  pixels = tf.cast(tf.clip_by_value(pixels, 0, 255), tf.uint8)
+  encode = tf.io.encode_jpeg if image_format == 'jpeg' else tf.io.encode_png
+  encoded = encode(pixels)
+  decoded = tf.io.decode_image(encoded, channels=3)
+  for i in range(8):
+    seed, flip_seed = tf.constant([i, 7], tf.int64), tf.constant([i, 9], tf.int64) if flip else None
+    windowed = preprocess.inception_crop_encoded(encoded, 16, seed, 0.05, 3, flip_seed).numpy()
+    whole = preprocess.inception_crop(decoded[None], 16, seed, 0.05, flip_seed).numpy()
+    difference = np.abs(windowed.astype(int) - whole)
+    if image_format == 'png':
+      np.testing.assert_array_equal(windowed, whole)
+    else:  # A JPEG's window decodes within a few levels of the whole image, at its edges.
+      assert difference.mean() < 1.0 and difference.max() <= 16
+
+
 def test_augment_ops_do_what_their_names_say():
   rng = np.random.default_rng(0)
   square = rng.integers(0, 256, (6, 6, 3), np.uint8)

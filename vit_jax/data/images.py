@@ -18,12 +18,10 @@ import ml_collections
 from ml_collections import config_dict
 import numpy as np
 
-from vit_jax import errors, progress
+from vit_jax import errors
 from vit_jax.data import checks, hosts
 
 _AUTOTUNE = -1  # tf.data.AUTOTUNE, spelled out so that building a config needs no TensorFlow.
-# Shuffle buffer of TFDS datasets read as a stream (tfrecord) when config.shuffle_buffer is 0.
-STREAM_SHUFFLE_BUFFER = 10_000
 TRAIN_CROPS = ('inception_crop', 'resize_random_crop', 'pad_random_crop', 'resize')
 
 
@@ -138,77 +136,6 @@ class ImageDataset:
     words = np.random.SeedSequence([seed, self._process_index]).generate_state(3)
     return tuple(int(w) for w in words)
 
-  def _positioned_examples(self, shuffle_seed: int, start: int):
-    """Dataset of (position, {'image': uint8, 'label': int32, 'ok': bool}) from `start` on.
-
-    'ok' is False where a record failed to decode (its image is then a 1x1 placeholder).
-    """
-    from vit_jax.data import train_order  # pylint: disable=g-import-not-at-top
-    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
-    source, config = self._source, self.config
-    if source.read_train is None:  # A stream: what comes before `start` is read, not decoded.
-      buffer = STREAM_SHUFFLE_BUFFER if config.shuffle_buffer == 0 else config.shuffle_buffer
-      records = source.train(shuffle_seed)
-      if config.cache:  # Decode once, keep in memory, shuffle the decoded examples.
-        records = self._decoded(records).cache()
-      records = records.shuffle(buffer, seed=shuffle_seed).repeat().skip(start)
-      if config.cache:
-        return records.enumerate(start=start).map(
-            lambda position, example: (position, {**example, 'ok': tf.constant(True)}))
-      return self._decoded_train(records.enumerate(start=start))
-    order_seed = None if config.shuffle_buffer == 1 else shuffle_seed
-    indices = train_order.positions(start, source.local_num_train_examples, order_seed)
-    if config.cache:
-      read = self._cached_reader()
-      return indices.map(lambda position, index: (position, read(index)),
-                         num_parallel_calls=tf.data.AUTOTUNE)
-    return self._decoded_train(indices.map(
-        lambda position, index: (position, source.read_train(index)),
-        num_parallel_calls=tf.data.AUTOTUNE))
-
-  def _decoded_train(self, records):
-    """(position, record) -> (position, example with 'ok'), keeping every position."""
-    from vit_jax.data import train_order  # pylint: disable=g-import-not-at-top
-    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
-    source = self._source
-
-    def decode(position, record):
-      example = source.decode(record) if source.decode else record
-      return position, {**example, 'ok': tf.constant(True)}
-
-    def failed(position, record):
-      del record
-      return position, {'image': tf.zeros([1, 1, self.config.channels], tf.uint8),
-                        'label': tf.constant(0, tf.int32), 'ok': tf.constant(False)}
-
-    if source.decode_can_fail:
-      return train_order.failsafe_map(records, decode, failed)
-    return records.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
-
-  def _cached_reader(self):
-    """index -> decoded train example, from this host's train split decoded once into memory."""
-    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
-    source = self._source
-    records = tf.data.Dataset.range(source.local_num_train_examples).map(
-        lambda index: (index, source.read_train(index)))
-    decoded = self._decoded_train(records)
-    spec = decoded.element_spec[1]
-    with progress.phase(f'Decoding the {source.local_num_train_examples} train images of this '
-                        'host into memory (config.data.cache)'):
-      cache = [example for _, example in decoded.as_numpy_iterator()]
-
-    def fetch(index):
-      example = cache[index]
-      return example['image'], example['label'], example['ok']
-
-    def read(index):
-      image, label, ok = tf.numpy_function(fetch, [index], [tf.uint8, tf.int32, tf.bool],
-                                           stateful=False)
-      return {'image': tf.ensure_shape(image, spec['image'].shape),
-              'label': tf.ensure_shape(label, []), 'ok': tf.ensure_shape(ok, [])}
-
-    return read
-
   def train_dataset(self, batch_size: int, seed: int = 0, start_step: int = 0):
     """The endless tf.data.Dataset behind `train_batches` (for callers that want tf.data).
 
@@ -216,47 +143,10 @@ class ImageDataset:
     the same batches as one that never stopped. Records before the resume point are not read
     (TFDS datasets stored as tfrecord: read, not decoded).
     """
-    from vit_jax.data import augment, preprocess, train_order  # pylint: disable=g-import-not-at-top
-    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
-    config = self.config
-    shuffle_seed, augment_seed, mixup_seed = self._seeds(seed)
-    examples = self._positioned_examples(shuffle_seed, start_step * batch_size)
-
-    def seed_for(index):
-      return tf.stack([tf.constant(augment_seed, tf.int64), index])
-
-    if examples.element_spec[1]['image'].shape.is_fully_defined():
-      # Images of one size: batch first, then preprocess whole batches (~10x less CPU).
-      def preprocess_batch(positions, batch):
-        step = positions[0] // batch_size
-        return step, {**batch, 'image': preprocess.train_images(batch['image'], seed_for(step),
-                                                                config)}
-
-      batches = examples.batch(batch_size, drop_remainder=True)
-      batches = batches.map(preprocess_batch, num_parallel_calls=tf.data.AUTOTUNE)
-    else:
-      # Images of varying sizes: preprocess each (as a batch of one) to the common size.
-      def preprocess_example(position, example):
-        images = preprocess.train_images(example['image'][None], seed_for(position), config)
-        return position // batch_size, {**example, 'image': images[0]}
-
-      batches = examples.map(preprocess_example, num_parallel_calls=tf.data.AUTOTUNE)
-      batches = batches.batch(batch_size, drop_remainder=True).map(
-          lambda steps, batch: (steps[0], batch))
-
-    def finish(step, batch):
-      if self._source.decode_can_fail:
-        batch = train_order.fill_failed_rows(batch)
-      else:
-        del batch['ok']
-      if config.mixup_alpha > 0:
-        batch_seed = tf.stack([tf.constant(mixup_seed, tf.int64), step])
-        batch['image'], batch['label'] = augment.mixup(
-            batch['image'], batch['label'], self.num_classes, config.mixup_alpha, batch_seed)
-      return batch
-
-    batches = batches.map(finish, num_parallel_calls=tf.data.AUTOTUNE)
-    return batches.prefetch(config.prefetch)
+    from vit_jax.data import train_pipeline  # pylint: disable=g-import-not-at-top
+    seeds = train_pipeline.Seeds(*self._seeds(seed))
+    return train_pipeline.train_dataset(self._source, self.config, self.num_classes, seeds,
+                                        batch_size, start_step)
 
   def train_batches(self, batch_size: int, seed: int = 0,
                     start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:

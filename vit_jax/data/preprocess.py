@@ -66,16 +66,9 @@ def random_crop(images, size: int, seed):
   return tf.gather(images, cols, axis=2, batch_dims=1)  # (B, size, size, C)
 
 
-def inception_crop(images, size: int, seed, min_area: float, flip_seed=None):
-  """Random-resized crop: a window per image, resized to (size, size).
-
-  The window covers a uniform min_area..1 fraction of the image area with an aspect ratio
-  log-uniform in 3/4..4/3; a side that would exceed the image is clipped to it. With
-  `flip_seed`, crops are mirrored as `random_flip(crops, flip_seed)` would, for free: the
-  window is sampled from right to left.
-  """
-  batch, height, width = tf.unstack(tf.cast(tf.shape(images)[:3], tf.float32))
-  draws = _uniform([tf.cast(batch, tf.int32), 4], seed)  # (B, 4)
+def _inception_boxes(batch, height, width, seed, min_area: float, flip_seed):
+  """(B, 4) crop_and_resize boxes (y1, x1, y2, x2 normalized) of `inception_crop`."""
+  draws = _uniform([batch, 4], seed)  # (B, 4)
   area = min_area + (1.0 - min_area) * draws[:, 0]
   aspect = tf.exp(math.log(3 / 4) + math.log(16 / 9) * draws[:, 1])  # Window width / height.
   # As fractions of the image sides: box_h * box_w = area, (box_w * W) / (box_h * H) = aspect.
@@ -85,12 +78,71 @@ def inception_crop(images, size: int, seed, min_area: float, flip_seed=None):
   left = draws[:, 3] * (1.0 - box_w)
   right = left + box_w
   if flip_seed is not None:
-    flip = _flips(tf.shape(images)[0], flip_seed)
+    flip = _flips(batch, flip_seed)
     left, right = tf.where(flip, right, left), tf.where(flip, left, right)
-  boxes = tf.stack([top, left, top + box_h, right], axis=1)  # (B, 4) normalized y/x.
-  crops = tf.image.crop_and_resize(tf.cast(images, tf.float32), boxes,
-                                   tf.range(tf.shape(images)[0]), [size, size])
+  return tf.stack([top, left, top + box_h, right], axis=1)
+
+
+def inception_crop(images, size: int, seed, min_area: float, flip_seed=None):
+  """Random-resized crop: a window per image, resized to (size, size).
+
+  The window covers a uniform min_area..1 fraction of the image area with an aspect ratio
+  log-uniform in 3/4..4/3; a side that would exceed the image is clipped to it. With
+  `flip_seed`, crops are mirrored as `random_flip(crops, flip_seed)` would, for free: the
+  window is sampled from right to left.
+  """
+  batch = tf.shape(images)[0]
+  height, width = tf.unstack(tf.cast(tf.shape(images)[1:3], tf.float32))
+  boxes = _inception_boxes(batch, height, width, seed, min_area, flip_seed)
+  crops = tf.image.crop_and_resize(tf.cast(images, tf.float32), boxes, tf.range(batch),
+                                   [size, size])
   return augment.to_uint8(crops)
+
+
+def _pixel_window(start, stop, side):
+  """First pixel and pixel count covering the normalized span start..stop of `side` pixels.
+
+  Also returns the span in the window's own normalized coordinates. crop_and_resize samples
+  at start * (side - 1) .. stop * (side - 1) and reads the pixels on both sides of each point.
+  """
+  last = tf.cast(side - 1, tf.float32)
+  low, high = tf.minimum(start, stop) * last, tf.maximum(start, stop) * last
+  first = tf.cast(tf.floor(low), tf.int32)
+  end = tf.minimum(tf.cast(tf.math.ceil(high), tf.int32), side - 1)
+  first = tf.maximum(tf.minimum(first, end - 1), 0)  # At least 2 pixels where the side has them.
+  count = end - first + 1
+  span = tf.cast(tf.maximum(count - 1, 1), tf.float32)
+  first_f = tf.cast(first, tf.float32)
+  return first, count, (start * last - first_f) / span, (stop * last - first_f) / span
+
+
+def inception_crop_encoded(encoded, size: int, seed, min_area: float, channels: int,
+                           flip_seed=None):
+  """`inception_crop` of one encoded image (bytes) -> uint8 (1, size, size, channels).
+
+  A JPEG decodes only the window's pixels (`decode_and_crop_jpeg`): the same window and
+  sampling, pixels within a few levels of a full decode at the window's edges. Other formats
+  are decoded whole.
+  """
+  def jpeg():
+    shape = tf.io.extract_jpeg_shape(encoded)
+    height, width = shape[0], shape[1]
+    box = _inception_boxes(1, tf.cast(height, tf.float32), tf.cast(width, tf.float32), seed,
+                           min_area, flip_seed)[0]
+    top, rows, y1, y2 = _pixel_window(box[0], box[2], height)
+    left, cols, x1, x2 = _pixel_window(box[1], box[3], width)
+    window = tf.image.decode_and_crop_jpeg(encoded, tf.stack([top, left, rows, cols]),
+                                           channels=channels)
+    crops = tf.image.crop_and_resize(tf.cast(window, tf.float32)[None],
+                                     tf.stack([y1, x1, y2, x2])[None], [0], [size, size])
+    return augment.to_uint8(crops)
+
+  def other():
+    image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+    return inception_crop(image[None], size, seed, min_area, flip_seed)
+
+  crops = tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
+  return tf.ensure_shape(crops, [1, size, size, channels])
 
 
 def _flips(batch, seed):
@@ -117,6 +169,66 @@ def to_unit_range(images):
   return tf.cast(images, tf.float32) / 127.5 - 1.0
 
 
+def _crop(images, seed, flip_seed, config: ml_collections.ConfigDict):
+  """config.train_crop of uint8 (B, H, W, C) -> (B, image_size, image_size, C)."""
+  size = config.image_size
+  if config.train_crop == 'inception_crop':
+    return inception_crop(images, size, seed, config.inception_crop_min_area, flip_seed)
+  if config.train_crop == 'resize_random_crop':
+    return random_crop(resize(images, max(size, round(size * config.resize_ratio))), size, seed)
+  if config.train_crop == 'pad_random_crop':
+    padding = config.crop_padding
+    images = tf.pad(resize(images, size), [[0, 0], [padding, padding], [padding, padding], [0, 0]])
+    return random_crop(images, size, seed)
+  if config.train_crop == 'resize':
+    return resize(images, size)
+  raise errors.ConfigError(f'config.train_crop={config.train_crop!r} is not a known train crop.')
+
+
+def _train_seeds(seed):
+  """(crop, flip, RandAugment) seeds of one stateless seed."""
+  return tf.unstack(tf.random.experimental.stateless_split(seed, num=3))
+
+
+def train_crops(images, seed, config: ml_collections.ConfigDict, encoded=False):
+  """The first half of `train_images`: channels, crop and flip, to uint8 crops.
+
+  With `encoded`, `images` is one encoded image (a scalar string: JPEG, PNG, ...) for the
+  inception crop, which decodes it (a JPEG only within the crop's window).
+  """
+  crop_seed, flip_seed, _ = _train_seeds(seed)
+  size = config.image_size
+  flip_in_crop = config.flip and config.train_crop == 'inception_crop'
+  crop_flip_seed = flip_seed if flip_in_crop else None
+  if encoded:
+    if config.train_crop != 'inception_crop':
+      raise ValueError(f'Encoded images take the inception crop, not {config.train_crop!r}.')
+    images = inception_crop_encoded(images, size, crop_seed, config.inception_crop_min_area,
+                                    config.channels, crop_flip_seed)
+  else:
+    images = _crop(to_channels(images, config.channels), crop_seed, crop_flip_seed, config)
+  images = tf.ensure_shape(images, [None, size, size, config.channels])
+  if config.flip and not flip_in_crop:
+    images = random_flip(images, flip_seed)
+  return images
+
+
+def finish_train_images(crops, seed, config: ml_collections.ConfigDict):
+  """The second half of `train_images`: RandAugment and scaling of uint8 crops to [-1, 1]."""
+  _, _, randaugment_seed = _train_seeds(seed)
+  if config.randaugment_layers > 0 and config.randaugment_magnitude > 0:
+    example_seeds = tf.random.experimental.stateless_split(
+        randaugment_seed, num=tf.shape(crops)[0])  # (B, 2)
+
+    def randaugment_one(image_and_seed):
+      image, example_seed = image_and_seed
+      return augment.randaugment(image, config.randaugment_layers, config.randaugment_magnitude,
+                                 example_seed, fill=config.randaugment_fill)
+
+    crops = tf.map_fn(randaugment_one, (crops, example_seeds), fn_output_signature=tf.uint8)
+  return to_unit_range(crops)
+
+
 def train_images(images, seed, config: ml_collections.ConfigDict):
   """Training preprocessing: channels, crop, flip, RandAugment, scaling to [-1, 1].
 
@@ -128,39 +240,7 @@ def train_images(images, seed, config: ml_collections.ConfigDict):
   Returns:
     float32 (B, image_size, image_size, channels).
   """
-  crop_seed, flip_seed, randaugment_seed = tf.unstack(
-      tf.random.experimental.stateless_split(seed, num=3))
-  size = config.image_size
-  images = to_channels(images, config.channels)
-  flip_in_crop = config.flip and config.train_crop == 'inception_crop'
-  if config.train_crop == 'inception_crop':
-    images = inception_crop(images, size, crop_seed, config.inception_crop_min_area,
-                            flip_seed if flip_in_crop else None)
-  elif config.train_crop == 'resize_random_crop':
-    images = resize(images, max(size, round(size * config.resize_ratio)))
-    images = random_crop(images, size, crop_seed)
-  elif config.train_crop == 'pad_random_crop':
-    padding = config.crop_padding
-    images = tf.pad(resize(images, size), [[0, 0], [padding, padding], [padding, padding], [0, 0]])
-    images = random_crop(images, size, crop_seed)
-  elif config.train_crop == 'resize':
-    images = resize(images, size)
-  else:
-    raise errors.ConfigError(f'config.train_crop={config.train_crop!r} is not a known train crop.')
-  images = tf.ensure_shape(images, [None, size, size, config.channels])
-  if config.flip and not flip_in_crop:
-    images = random_flip(images, flip_seed)
-  if config.randaugment_layers > 0 and config.randaugment_magnitude > 0:
-    example_seeds = tf.random.experimental.stateless_split(
-        randaugment_seed, num=tf.shape(images)[0])  # (B, 2)
-
-    def randaugment_one(image_and_seed):
-      image, example_seed = image_and_seed
-      return augment.randaugment(image, config.randaugment_layers, config.randaugment_magnitude,
-                                 example_seed, fill=config.randaugment_fill)
-
-    images = tf.map_fn(randaugment_one, (images, example_seeds), fn_output_signature=tf.uint8)
-  return to_unit_range(images)
+  return finish_train_images(train_crops(images, seed, config), seed, config)
 
 
 def eval_images(images, config: ml_collections.ConfigDict):

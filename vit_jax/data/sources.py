@@ -48,6 +48,9 @@ class Source:
   test: Callable[[], Any]  # () -> tf.data.Dataset of this host's test records, in a fixed order.
   # record -> {'image': uint8 (H, W, C), 'label': int32 ()}; None: records are that already.
   decode: Callable[[Any], dict] | None
+  # record -> its image file's bytes (JPEG, PNG, ...), for decoders that crop as they decode;
+  # None: records hold no encoded image.
+  encoded: Callable[[Any], Any] | None = None
   # True (image folders): records may fail to decode; eval drops them, and in training another
   # image of the same batch takes the place of one.
   decode_can_fail: bool = False
@@ -268,6 +271,7 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
       train=train if read_train is None else None,
       test=test,
       decode=decode,
+      encoded=(lambda record: record['image']) if skip_decoding else None,
       class_names=tuple(label_feature.names))
 
 
@@ -384,6 +388,7 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
       train=None,
       test=lambda: tf.data.Dataset.from_tensor_slices(columns('test_split')),
       decode=decode,
+      encoded=lambda record: tf.io.read_file(record['path']),
       decode_can_fail=True,
       skipped_files=tuple(skipped_files),
       class_names=tuple(class_names))
