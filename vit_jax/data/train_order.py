@@ -35,17 +35,27 @@ def positions(start: int, num_records: int, shuffle_seed: int | None):
       lambda p: (p, record_index(p, num_records, shuffle_seed)))
 
 
-def failsafe_map(dataset, prepare, failed):
-  """`dataset.map(prepare)` where an element whose `prepare` raises becomes `failed(element)`.
+def failsafe_map(dataset, prepare, failed_example: dict, start: int):
+  """`dataset.map(prepare)` where an element whose `prepare` raises becomes `failed_example`.
 
-  The order and the number of elements stay those of `dataset`.
+  `dataset` holds (position, record) with consecutive positions from `start`; `prepare` maps
+  them to (position, example). Failed elements are dropped, then their positions refilled with
+  (position, failed_example), so the order and positions stay those of `dataset`.
   """
-  def one(*element):
-    attempt = tf.data.Dataset.from_tensors(element).map(prepare).ignore_errors(log_warning=True)
-    return attempt.concatenate(tf.data.Dataset.from_tensors(failed(*element))).take(1)
+  prepared = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  prepared = prepared.ignore_errors(log_warning=True)
 
-  return dataset.interleave(one, cycle_length=tf.data.AUTOTUNE, block_length=1,
-                            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  def previous_position(last, element):
+    position, example = element
+    return position, (last, position, example)
+
+  def with_gaps_filled(last, position, example):
+    gap = tf.data.Dataset.zip((tf.data.Dataset.range(last + 1, position),
+                               tf.data.Dataset.from_tensors(failed_example).repeat()))
+    return gap.concatenate(tf.data.Dataset.from_tensors((position, example)))
+
+  return prepared.scan(tf.constant(start - 1, tf.int64), previous_position).flat_map(
+      with_gaps_filled)
 
 
 def fill_failed_rows(batch):

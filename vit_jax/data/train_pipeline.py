@@ -30,7 +30,13 @@ class Seeds:
   mixup: int  # Mixup weights: with the step.
 
 
-def _decoded(source, config, records):
+def _failed(shape, dtype) -> dict:
+  """The example in the place of a record that failed to decode."""
+  return {'image': tf.zeros(shape, dtype), 'label': tf.constant(0, tf.int32),
+          'ok': tf.constant(False)}
+
+
+def _decoded(source, config, records, start: int):
   """(position, record) -> (position, {'image': uint8, 'label': int32, 'ok': bool}).
 
   A record that fails to decode keeps its position, with a 1x1 image and 'ok' False.
@@ -39,13 +45,9 @@ def _decoded(source, config, records):
     example = source.decode(record) if source.decode else record
     return position, {**example, 'ok': tf.constant(True)}
 
-  def failed(position, record):
-    del record
-    return position, {'image': tf.zeros([1, 1, config.channels], tf.uint8),
-                      'label': tf.constant(0, tf.int32), 'ok': tf.constant(False)}
-
   if source.decode_can_fail:
-    return train_order.failsafe_map(records, decode, failed)
+    return train_order.failsafe_map(records, decode, _failed([1, 1, config.channels], tf.uint8),
+                                    start)
   return records.map(decode, num_parallel_calls=_AUTOTUNE)
 
 
@@ -53,7 +55,7 @@ def _cached_reader(source, config):
   """index -> decoded train example, from this host's train split decoded once into memory."""
   records = tf.data.Dataset.range(source.local_num_train_examples).map(
       lambda index: (index, source.read_train(index)))
-  decoded = _decoded(source, config, records)
+  decoded = _decoded(source, config, records, start=0)
   spec = decoded.element_spec[1]
   with progress.phase(f'Decoding the {source.local_num_train_examples} train images of this '
                       'host into memory (config.data.cache)'):
@@ -92,8 +94,9 @@ def _records(source, config, shuffle_seed: int, start: int):
 def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, seeds: Seeds,
                   batch_size: int, start_step: int):
   """Batch `start_step` onwards of a host's endless train stream (see `ImageDataset`)."""
-  records, decoded = _records(source, config, seeds.shuffle, start_step * batch_size)
-  examples = records if decoded else _decoded(source, config, records)
+  start = start_step * batch_size
+  records, decoded = _records(source, config, seeds.shuffle, start)
+  examples = records if decoded else _decoded(source, config, records, start)
   size, channels = config.image_size, config.channels
 
   def seed_for(index):
@@ -117,13 +120,9 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
         return position, {'image': crops[0], 'label': tf.cast(record['label'], tf.int32),
                           'ok': tf.constant(True)}
 
-      def failed(position, record):
-        del record
-        return position, {'image': tf.zeros([size, size, channels], tf.uint8),
-                          'label': tf.constant(0, tf.int32), 'ok': tf.constant(False)}
-
       if source.decode_can_fail:
-        examples = train_order.failsafe_map(records, crop_record, failed)
+        examples = train_order.failsafe_map(
+            records, crop_record, _failed([size, size, channels], tf.uint8), start)
       else:
         examples = records.map(crop_record, num_parallel_calls=_AUTOTUNE)
 
