@@ -34,7 +34,10 @@ def test_data_mode_times_each_variant_on_one_core_and_all(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'train input | 32px | batch 4 | 8 JPEG files' in result.stdout
   assert 'cores for 1,000/s' in result.stdout
-  rows = json.loads(report.read_text())['rows']
+  assert 'first batch when resuming at step 0 / 10,000 / 1,000,000: ' in result.stdout
+  figures = json.loads(report.read_text())
+  assert list(figures['first_batch_s']) == ['0', '10000', '1000000']
+  rows = figures['rows']
   assert [row['variant'] for row in rows] == ['crop+flip', '+randaugment']
   for row in rows:
     assert row['per_core'] > 0 and row['all_cores'] > 0

@@ -4,7 +4,8 @@ Each variant is `images.build(...).train_batches(...)` on an image folder at the
 resolution: read, decode, inception crop, flip (as ImageNet recipes train), then with
 RandAugment, mixup, or both. Every measurement runs in a fresh process, once pinned to one core
 (images/s per core) and once on all cores, so that TensorFlow sizes its thread pools to what
-it may use. The folder is `--images DIR` (DIR/train/<class>/*.jpg), or JPEGs written for
+it may use. Last, the first batch is timed when resuming at steps 0 to 1,000,000: the
+stream starts where it stopped, without reading what came before. The folder is `--images DIR` (DIR/train/<class>/*.jpg), or JPEGs written for
 the run at ImageNet's typical size: 500x375 and 375x500, about 110 KB each.
 """
 
@@ -27,6 +28,8 @@ VARIANTS = {  # name -> data config overrides on top of crop + flip.
                            'mixup_alpha': 0.2},
 }
 IMAGE_SIZES = ((375, 500), (500, 375))  # (height, width): ImageNet's most common shapes.
+RESUME_STEPS = (0, 10_000, 1_000_000)  # Resumed at these steps, the first batch is timed.
+_RESUME = 'resume'  # The child process's job name for first_batch_seconds.
 
 
 def write_jpegs(directory: str, num_images: int, seed: int = 0) -> str:
@@ -63,9 +66,22 @@ def measure(folder: str, variant: str, resolution: int, batch: int, steps: int,
   return {'images_per_s': steps * batch / seconds, 'seconds': seconds}
 
 
+def first_batch_seconds(folder: str, resolution: int, batch: int, start_step: int) -> float:
+  """Seconds from asking for the stream at `start_step` to its first batch (crop+flip)."""
+  from vit_jax.data import images  # pylint: disable=g-import-not-at-top
+  config = images.default_config()
+  config.update(dataset=folder, image_size=resolution, train_crop='inception_crop', flip=True)
+  dataset = images.build(config, process_index=0, process_count=1)
+  next(dataset.train_batches(batch, seed=0))  # Traces and warms up once.
+  start = time.perf_counter()
+  next(dataset.train_batches(batch, seed=0, start_step=start_step))
+  return time.perf_counter() - start
+
+
 def _in_process(args, folder: str, variant: str, cores: set[int] | None) -> dict:
   """`measure` in a fresh Python process, pinned to `cores` (None: all of this process's)."""
   command = [sys.executable, '-m', 'vit_jax.benchmark.data_input', folder, variant,
+             ','.join(map(str, RESUME_STEPS)) if variant == _RESUME else '',
              str(args.resolution), str(args.batch), str(args.steps), str(args.warmup),
              ','.join(map(str, sorted(cores or os.sched_getaffinity(0))))]
   environment = {**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'}
@@ -95,14 +111,19 @@ def benchmark_data(args) -> dict:
       rows.append({'variant': variant, 'per_core': one['images_per_s'],
                    'all_cores': everything['images_per_s'],
                    'cores_to_feed': args.feed / one['images_per_s']})
+    resume = _in_process(args, folder, _RESUME, None)
   return {'rows': rows, 'cores': len(cores), 'feed': args.feed, 'num_files': len(sizes),
-          'mean_file_kb': float(np.mean(sizes)) / 1024}
+          'mean_file_kb': float(np.mean(sizes)) / 1024, 'first_batch_s': resume}
 
 
 def main(argv):
-  folder, variant, resolution, batch, steps, warmup, cores = argv
+  folder, variant, resume_steps, resolution, batch, steps, warmup, cores = argv
   os.sched_setaffinity(0, {int(core) for core in cores.split(',')})  # Before TF sizes its pools.
-  figures = measure(folder, variant, int(resolution), int(batch), int(steps), int(warmup))
+  if variant == _RESUME:
+    figures = {step: first_batch_seconds(folder, int(resolution), int(batch), int(step))
+               for step in resume_steps.split(',')}
+  else:
+    figures = measure(folder, variant, int(resolution), int(batch), int(steps), int(warmup))
   print(json.dumps(figures))
 
 

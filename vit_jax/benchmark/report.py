@@ -72,7 +72,10 @@ def format_data(report: dict) -> str:
           for row in report['rows']]
   header = ['', 'images/s, 1 core', f'images/s, {report["cores"]} cores', 'per core',
             f'cores for {report["feed"]:,.0f}/s']
-  return _table(header, rows)
+  resumed = ' / '.join(f'{float(seconds):.2f}' for seconds in report['first_batch_s'].values())
+  steps = ' / '.join(f'{int(step):,}' for step in report['first_batch_s'])
+  return '\n'.join([_table(header, rows),
+                    f'first batch when resuming at step {steps}: {resumed} s'])
 
 
 def format_seq2seq(report: dict) -> str:
