@@ -213,20 +213,22 @@ def train_crops(images, seed, config: ml_collections.ConfigDict, encoded=False):
   return images
 
 
-def finish_train_images(crops, seed, config: ml_collections.ConfigDict):
-  """The second half of `train_images`: RandAugment and scaling of uint8 crops to [-1, 1]."""
+def randaugment_images(crops, seed, config: ml_collections.ConfigDict):
+  """The second half of `train_images`: RandAugment of uint8 crops (B, S, S, C), if enabled."""
   _, _, randaugment_seed = _train_seeds(seed)
-  if config.randaugment_layers > 0 and config.randaugment_magnitude > 0:
-    example_seeds = tf.random.experimental.stateless_split(
-        randaugment_seed, num=tf.shape(crops)[0])  # (B, 2)
+  if not (config.randaugment_layers > 0 and config.randaugment_magnitude > 0):
+    return crops
+  example_seeds = tf.random.experimental.stateless_split(
+      randaugment_seed, num=tf.shape(crops)[0])  # (B, 2)
 
-    def randaugment_one(image_and_seed):
-      image, example_seed = image_and_seed
-      return augment.randaugment(image, config.randaugment_layers, config.randaugment_magnitude,
-                                 example_seed, fill=config.randaugment_fill)
+  def randaugment_one(image, example_seed):
+    return augment.randaugment(image, config.randaugment_layers, config.randaugment_magnitude,
+                               example_seed, fill=config.randaugment_fill)
 
-    crops = tf.map_fn(randaugment_one, (crops, example_seeds), fn_output_signature=tf.uint8)
-  return to_unit_range(crops)
+  if crops.shape[0] == 1:  # One image (the per-example pipeline): no loop.
+    return randaugment_one(crops[0], example_seeds[0])[None]
+  return tf.map_fn(lambda pair: randaugment_one(*pair), (crops, example_seeds),
+                   fn_output_signature=tf.uint8)
 
 
 def train_images(images, seed, config: ml_collections.ConfigDict):
@@ -240,7 +242,7 @@ def train_images(images, seed, config: ml_collections.ConfigDict):
   Returns:
     float32 (B, image_size, image_size, channels).
   """
-  return finish_train_images(train_crops(images, seed, config), seed, config)
+  return to_unit_range(randaugment_images(train_crops(images, seed, config), seed, config))
 
 
 def eval_images(images, config: ml_collections.ConfigDict):

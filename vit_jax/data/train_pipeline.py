@@ -106,8 +106,8 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
     # Images of one size: batch first, then preprocess whole batches (~10x less CPU).
     def preprocess_batch(positions, batch):
       step = positions[0] // batch_size
-      return step, {**batch, 'image': preprocess.train_images(batch['image'], seed_for(step),
-                                                              config)}
+      crops = preprocess.train_crops(batch['image'], seed_for(step), config)
+      return step, {**batch, 'image': preprocess.randaugment_images(crops, seed_for(step), config)}
 
     batches = examples.batch(batch_size, drop_remainder=True)
     batches = batches.map(preprocess_batch, num_parallel_calls=_AUTOTUNE)
@@ -126,16 +126,18 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
       else:
         examples = records.map(crop_record, num_parallel_calls=_AUTOTUNE)
 
-      def finish_example(position, example):
-        images = preprocess.finish_train_images(example['image'][None], seed_for(position),
-                                                config)
-        return position, {**example, 'image': images[0]}
+      if config.randaugment_layers > 0 and config.randaugment_magnitude > 0:
+        def randaugment_example(position, example):
+          images = preprocess.randaugment_images(example['image'][None], seed_for(position),
+                                                 config)
+          return position, {**example, 'image': images[0]}
 
-      examples = examples.map(finish_example, num_parallel_calls=_AUTOTUNE)
+        examples = examples.map(randaugment_example, num_parallel_calls=_AUTOTUNE)
     else:
       # Images of varying sizes: preprocess each (as a batch of one) to the common size.
       def preprocess_example(position, example):
-        images = preprocess.train_images(example['image'][None], seed_for(position), config)
+        crops = preprocess.train_crops(example['image'][None], seed_for(position), config)
+        images = preprocess.randaugment_images(crops, seed_for(position), config)
         return position, {**example, 'image': images[0]}
 
       examples = examples.map(preprocess_example, num_parallel_calls=_AUTOTUNE)
@@ -147,6 +149,7 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
       batch = train_order.fill_failed_rows(batch)
     else:
       del batch['ok']
+    batch['image'] = preprocess.to_unit_range(batch['image'])  # uint8 until here: 4x less to copy.
     if config.mixup_alpha > 0:
       batch_seed = tf.stack([tf.constant(seeds.mixup, tf.int64), step])
       batch['image'], batch['label'] = augment.mixup(
