@@ -13,9 +13,12 @@ import struct
 
 import numpy as np
 import pytest
+from helpers import override, read_metrics
 
+from vit_jax import main
 from vit_jax.data import images, train_order
 from vit_jax.data.tf_cpu import tf
+from vit_jax.train import config as config_lib
 
 BATCH = 4
 
@@ -234,6 +237,25 @@ def test_a_truncated_image_keeps_its_place_and_is_replaced_within_its_batch(fold
       _batches(in_order, bad // BATCH + 2)[-1]['label'],
       [dataset._source.read_train(tf.constant(i, tf.int64))['label'].numpy()  # pylint: disable=protected-access
        for i in range((bad // BATCH + 1) * BATCH, (bad // BATCH + 2) * BATCH)])
+
+
+def test_training_on_a_folder_with_corrupt_files_resumes_like_it_never_stopped(folder, tmp_path):
+  config = override(config_lib.classification_config('ViT-testing'), {
+      'model.patch_size': (4, 4), 'data.dataset': folder, 'data.image_size': 8,
+      'data.train_crop': 'inception_crop', 'data.flip': True, 'batch_size': 8,
+      'eval_batch_size': 4, 'total_steps': 12, 'log_every': 1, 'eval_every': 0,
+      'checkpoint_every': 6, 'keep_checkpoints': 3})
+  uninterrupted, interrupted = str(tmp_path / 'uninterrupted'), str(tmp_path / 'interrupted')
+  main.run(config, uninterrupted)
+  main.run(config, interrupted)
+  # As if killed between the checkpoints at steps 6 and 12 (step 6 is in the second epoch).
+  os.rename(os.path.join(interrupted, 'checkpoints', '12'), str(tmp_path / 'step12'))
+  os.remove(os.path.join(interrupted, 'metrics.jsonl'))
+  main.run(config, interrupted)
+  expected = [row['loss'] for row in read_metrics(uninterrupted, 'train')][6:]
+  resumed = [row['loss'] for row in read_metrics(interrupted, 'train')]
+  assert len(resumed) == 6
+  np.testing.assert_allclose(resumed, expected, rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------ TFDS
