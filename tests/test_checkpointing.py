@@ -134,10 +134,10 @@ RESTORE_MEMORY = textwrap.dedent('''
     import jax, jax.numpy as jnp, numpy as np, optax
     from vit_jax.train import checkpointing
 
-    def params():  # 128 MB of float32.
+    def params():  # 192 MB of float32.
       rng = np.random.default_rng(0)
       return {f'layer_{i}': {'kernel': rng.standard_normal((1024, 4096), np.float32)}
-              for i in range(8)}
+              for i in range(12)}
 
     def status(field):  # Bytes.
       with open('/proc/self/status') as f:

@@ -15,6 +15,7 @@ and each completed save is uploaded (`checkpoint_mirror`).
 
 import errno
 import json
+import math
 import os
 import shutil
 import time
@@ -29,6 +30,9 @@ from vit_jax import errors, files, progress, weights
 from vit_jax.train import checkpoint_mirror, orbax_errors
 
 _ITEM = 'default'  # The directory of the state in each step's directory (orbax's name).
+# restore_params reads this many groups of arrays one after the other: the buffers of reading
+# (which orbax does concurrently within a group) stay about params / _READ_GROUPS.
+_READ_GROUPS = 16
 _ASIDE = 'unreadable-{step}'  # Where training moves a checkpoint it cannot read.
 # How the config asks readers other than training to take an older readable checkpoint.
 FALL_BACK_HINT = '--config.checkpoint_fallback=True'
@@ -104,6 +108,21 @@ def restore_params(workdir: str, fall_back: bool = False) -> tuple[dict, int]:
       raise errors.MissingFileError(f'No checkpoint in {checkpointer.directory}: train first, '
                                     'or give the workdir of a trained run.')
     return checkpointer.restore_params(fall_back=fall_back)
+
+
+def _read_groups(items: dict) -> list[list[str]]:
+  """The names of `items` (arrays' shapes) in consecutive groups of about 1/_READ_GROUPS
+  of their bytes (a larger array: alone)."""
+  sizes = {name: math.prod(a.shape) * np.dtype(a.dtype).itemsize for name, a in items.items()}
+  limit = sum(sizes.values()) / _READ_GROUPS
+  groups, group_size = [[]], 0
+  for name, size in sizes.items():
+    if groups[-1] and group_size + size > limit:
+      groups.append([])
+      group_size = 0
+    groups[-1].append(name)
+    group_size += size
+  return groups
 
 
 class Checkpointer:
@@ -250,24 +269,30 @@ class Checkpointer:
 
     Without `abstract_params`: host numpy arrays, whatever the model's shapes. With it (a
     tree of ShapeDtypeStructs with shardings): arrays placed straight into its shardings,
-    refused as by `restore` when the checkpoint's shapes differ.
+    refused as by `restore` when the checkpoint's shapes differ. The arrays are read a group
+    at a time (`_READ_GROUPS`), so that reading takes little memory beyond the params.
     """
     def read(step):
-      stored = dict(self._manager.item_metadata(step))['params']
+      stored = weights.flatten_params(dict(self._manager.item_metadata(step))['params'])
       if abstract_params is None:
-        item = jax.tree.map(lambda m: jax.ShapeDtypeStruct(m.shape, m.dtype), stored)
-        restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), stored)
+        items = {name: jax.ShapeDtypeStruct(m.shape, m.dtype) for name, m in stored.items()}
+        restore_args = {name: ocp.RestoreArgs(restore_type=np.ndarray) for name in stored}
       else:
         self._check_shapes(step, {'params': abstract_params})
-        item = abstract_params
-        restore_args = jax.tree.map(
-            lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape,
-                                           dtype=a.dtype), abstract_params)
+        items = weights.flatten_params(abstract_params)
+        restore_args = {name: ocp.ArrayRestoreArgs(sharding=a.sharding, global_shape=a.shape,
+                                                   dtype=a.dtype) for name, a in items.items()}
       path = os.path.join(self._managed, str(step), _ITEM)
+      params = {}
       with ocp.PyTreeCheckpointer() as reader:
-        return reader.restore(path, args=ocp.args.PyTreeRestore(
-            {'params': item}, restore_args={'params': restore_args},
-            partial_restore=True))['params']
+        for names in _read_groups(items):
+          part = reader.restore(path, args=ocp.args.PyTreeRestore(
+              {'params': weights.unflatten_params({name: items[name] for name in names})},
+              restore_args={'params': weights.unflatten_params(
+                  {name: restore_args[name] for name in names})},
+              partial_restore=True))
+          params.update(weights.flatten_params(part['params']))
+      return weights.unflatten_params(params)
     step, params = self._first_readable(read, step, fall_back, move_aside=False)
     return params, step
 
