@@ -16,9 +16,10 @@ from helpers import malloc_arenas_after, override, read_metrics
 
 from vit_jax import main, models, runtime, weights
 from vit_jax.data import images
-from vit_jax.train import checkpointing
+from vit_jax.train import checkpointing, classification
 from vit_jax.train import config as config_lib
-from vit_jax.train import loop
+from vit_jax.train import loop, optim
+from vit_jax.train import mesh as mesh_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -115,6 +116,29 @@ def test_fine_tuning_from_a_published_npz(tmp_path):
   main.run(config, workdir)  # Digits: 2x2 grid, 10 classes.
   losses = [row['loss'] for row in read_metrics(workdir, 'train')]
   assert losses[-1] < losses[0]
+
+
+def test_pretrained_weights_are_fitted_to_shapes_and_the_model_init_fills_in(tmp_path):
+  """What the model gives (a pre_logits layer the file lacks, its new head) is its init's.
+
+  The weights are fitted to the params' shapes on the host: the values equal those fitted to
+  the initialised params, as they were before.
+  """
+  npz = str(tmp_path / 'ViT-testing.npz')
+  _write_published_npz(npz, image_size=16, num_classes=5)  # No pre_logits.
+  config = tiny_config(pretrained=npz, **{'model.representation_size': 16})
+  task = classification.ClassificationTask(config, str(tmp_path / 'run'))
+  tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
+  target, _ = loop.abstract_state(task, tx, mesh_lib.make_mesh(config.mesh_shape), config)
+  rng = jax.random.PRNGKey(3)
+  fitted = task.initial_params(rng, target['params'])
+  expected = weights.load_pretrained(npz, jax.device_get(jax.jit(task.init_params)(rng)))
+  assert jax.tree.structure(fitted) == jax.tree.structure(expected)
+  for got, want in zip(jax.tree.leaves(fitted), jax.tree.leaves(expected)):
+    np.testing.assert_array_equal(got, want)
+  assert np.abs(fitted['pre_logits']['kernel']).min() > 0  # Random: the init's, with `rng`.
+  assert classification.ClassificationTask(tiny_config(), str(tmp_path / 'fresh')).initial_params(
+      rng, target['params']) is None
 
 
 def test_deit_distils_from_a_teacher_workdir(tmp_path):

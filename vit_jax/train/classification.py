@@ -31,10 +31,16 @@ def read_weights(path: str, role: str = 'config.pretrained', fall_back: bool = F
 
 
 def load_weights(path: str, init_params: Any, reinit_head: bool = False,
-                 role: str = 'config.pretrained', fall_back: bool = False) -> Any:
-  """Weights from a published .npz or a vit_jax workdir, fitted to `init_params`."""
+                 role: str = 'config.pretrained', fall_back: bool = False,
+                 init_values=None) -> Any:
+  """Weights from a published .npz or a vit_jax workdir, fitted to `init_params` on the host.
+
+  `init_params` may be shapes only; `init_values` then gives what comes from the model (see
+  `weights.load_pretrained`).
+  """
   return weights.load_pretrained(read_weights(path, role, fall_back), init_params,
-                                 reinit_head=reinit_head, source_name=path)
+                                 reinit_head=reinit_head, source_name=path,
+                                 init_values=init_values)
 
 
 class ClassificationTask(task.BatchedTask):
@@ -80,13 +86,25 @@ class ClassificationTask(task.BatchedTask):
   def init_params(self, rng):
     return self.model.init(rng, self._dummy_images())['params']
 
-  def initial_params(self, params):
+  def initial_params(self, rng, abstract_params):
+    """The pretrained weights (host numpy) fitted to the model, or None without any.
+
+    Fitted to the shapes `abstract_params`; what comes from the model (a re-initialised
+    head) is `init_params(rng)`'s, computed for those params only on this process's first
+    device.
+    """
     if not self.config.get('pretrained'):
-      return params
+      return None
     progress.log(f'Loading pretrained weights from {self.config.pretrained}.')
-    return load_weights(self.config.pretrained, jax.device_get(params),
+
+    def fresh(names):
+      def pick(rng):
+        flat = weights.flatten_params(self.init_params(rng))
+        return {name: flat[name] for name in names}
+      return jax.device_get(jax.jit(pick)(jax.device_put(rng, jax.local_devices()[0])))
+    return load_weights(self.config.pretrained, abstract_params,
                         reinit_head=self.config.reinit_head,
-                        fall_back=self.config.checkpoint_fallback)
+                        fall_back=self.config.checkpoint_fallback, init_values=fresh)
 
   def frozen_params(self):
     return self._teacher_params

@@ -32,8 +32,12 @@ class Task(Protocol):
   def init_params(self, rng: jax.Array) -> Any:
     """Fresh parameters (traced under jit; must be a pure function of `rng`)."""
 
-  def initial_params(self, params: Any) -> Any:
-    """Host-side hook on fresh params, e.g. load pretrained weights into them."""
+  def initial_params(self, rng: jax.Array, abstract_params: Any) -> Any:
+    """Host (numpy) params to start from instead of `init_params(rng)`, or None.
+
+    E.g. pretrained weights fitted to the shapes `abstract_params`; every process returns
+    the same values, which the loop places into the params' shardings.
+    """
 
   def frozen_params(self) -> Any:
     """Arrays the loss reads but never trains (e.g. a teacher's params), or None."""
@@ -222,16 +226,19 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   else:
     start_step = 0
     params_rng, train_rng = jax.random.split(rng)
-    params = jax.jit(task.init_params, out_shardings=shardings['params'])(params_rng)
-    params = jax.device_put(task.initial_params(params), shardings['params'])
+    params = task.initial_params(params_rng, target['params'])
+    if params is None:
+      params = jax.jit(task.init_params, out_shardings=shardings['params'])(params_rng)
+    else:
+      params = mesh_lib.from_host(params, shardings['params'])
     opt_state = jax.jit(tx.init, out_shardings=shardings['opt_state'])(params)
     state = {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': opt_state,
              'rng': train_rng}
     state = jax.device_put(state, shardings)
 
-  frozen = task.frozen_params()  # A teacher's params: FSDP-split like the model's.
+  frozen = task.frozen_params()  # A teacher's params (host): FSDP-split like the model's.
   frozen_shardings = mesh_lib.tree_shardings(frozen, mesh, config.fsdp_min_size)
-  frozen = jax.device_put(frozen, frozen_shardings)
+  frozen = mesh_lib.from_host(frozen, frozen_shardings)
   train_step = jax.jit(make_train_step(task, tx, schedule, config.accum_steps),
                        in_shardings=(shardings, mesh_lib.batch_sharding(mesh),
                                      frozen_shardings),
@@ -358,5 +365,6 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dic
                                     'train first, or point --workdir at a trained run.')
     tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
     target, _ = abstract_state(task, tx, mesh, config)
-    step, state = checkpointer.restore(target, fall_back=config.checkpoint_fallback)
-  return _evaluate_and_write(workdir, task, state['params'], step, mesh)
+    params, step = checkpointer.restore_params(fall_back=config.checkpoint_fallback,
+                                               abstract_params=target['params'])
+  return _evaluate_and_write(workdir, task, params, step, mesh)

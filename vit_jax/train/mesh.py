@@ -182,6 +182,17 @@ def tree_shardings(abstract_tree: Any, mesh: Mesh, fsdp_min_size: int = FSDP_MIN
                                           is_leaf=lambda x: isinstance(x, P))
 
 
+def from_host(tree: Any, shardings: Any) -> Any:
+  """Host (numpy) arrays, the same on every process, placed into `shardings` on any mesh.
+
+  Each process puts only the shards of its own devices (`jax.make_array_from_callback`).
+  """
+  def place(value, sharding):
+    value = np.asarray(value)
+    return jax.make_array_from_callback(value.shape, sharding, lambda index: value[index])
+  return jax.tree.map(place, tree, shardings)
+
+
 def global_batch(local_batch: dict, mesh: Mesh) -> dict:
   """Assembles each process's numpy batch into one array split over data x fsdp."""
   sharding = batch_sharding(mesh)

@@ -98,8 +98,9 @@ class TranslationTask(task.BatchedTask):
     tokens = jnp.ones((1, self.config.data.max_length), jnp.int32)
     return self.model.init(rng, tokens, tokens)['params']
 
-  def initial_params(self, params):
-    return params
+  def initial_params(self, rng, abstract_params):
+    del rng, abstract_params
+    return None  # No pretrained weights: fresh ones.
 
   def frozen_params(self):
     return None

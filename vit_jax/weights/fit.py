@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import math
 import os
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from flax.core import FrozenDict, freeze
 import jax
@@ -136,7 +136,8 @@ def format_mismatches(problems: list[tuple[str, Any, Any]]) -> str:
 def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
                     init_params: Mapping[str, Any], *, reinit_head: bool = False,
                     grid_size: tuple[int, int] | None = None,
-                    source_name: str | None = None) -> Any:
+                    source_name: str | None = None,
+                    init_values: Callable[[list[str]], Mapping[str, Any]] | None = None) -> Any:
   """Fits a published-layout checkpoint to a model; returns params like `init_params`.
 
   Args:
@@ -151,6 +152,9 @@ def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
     grid_size: (height, width) patch grid of the target when its token count
       is not a square.
     source_name: what errors call the checkpoint (default: its path, or 'The checkpoint').
+    init_values: where `init_params` holds only shapes, gives the model's fresh values of
+      the '/'-named parameters that are taken from it (the head when re-initialised), e.g.
+      from the model's init on one device; called once, for those only.
 
   Returns:
     The same structure as `init_params` with float32 numpy leaves: the
@@ -233,6 +237,10 @@ def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
         f'(file vs model: {format_mismatches(problems)}). Check that the checkpoint '
         'is of the same architecture (width, depth, patch size, hybrid stem, '
         'classifier tokens) as the model named in the config.')
+  needed = [name for name in from_model if isinstance(target[name], ShapeOnly)]
+  if needed and init_values is not None:
+    fresh = init_values(needed)
+    target.update({name: _to_host(fresh[name]) for name in needed})
   for name, why in from_model.items():
     result[name] = _init_value(name, target[name], why)
     _log.info('%s: taken from the model (%s).', name, why)
