@@ -1,4 +1,4 @@
-"""Two processes on localhost train like one process with all their devices.
+"""Two processes on localhost train, and fine-tune on a sharded mesh, like one process.
 
 Every run is a subprocess with CPU devices (XLA_FLAGS). The two-process runs start
 together (fixture `runs`) and write into one workdir. Kept free of `vit_jax.main`
@@ -10,6 +10,10 @@ process sees. The one-process image reference is therefore fed each step's two h
 concatenated (`TwoHostBatches`). Translation hosts take interleaved shares (host i: examples
 i, i + 2, ...), so without shuffling and packing a two-host batch holds the same examples as
 a one-host batch, and the reference is a plain run.
+
+The fine-tunes run on FINETUNE_MESH over two processes of 2 devices, so that each process holds
+only its half of the FSDP-split weights: first from a published-layout .npz, then from the
+workdir that this writes; their reference fine-tunes from the .npz and then from its own.
 """
 
 import json
@@ -47,6 +51,17 @@ def vit_config():
   config.eval_every = 0
   config.checkpoint_every = 0
   return config
+
+
+def finetune_config():
+  """`vit_config` fine-tuned for 2 steps; the mesh and the weights come from the command line."""
+  config = vit_config()
+  config.fsdp_min_size = 64  # So that most arrays are split over fsdp, across the hosts.
+  config.total_steps = 2
+  return config
+
+
+FINETUNE_MESH = '(1, 2, 2)'  # 2 processes x 2 devices: fsdp spans the hosts, model does not.
 
 
 def dates_config():
@@ -94,9 +109,15 @@ REFERENCE_SCRIPT = textwrap.dedent('''
         for parts in zip(*streams):
           yield {k: np.concatenate([part[k] for part in parts]) for k in parts[0]}
 
-    config = t.vit_config()
-    loop.train(config, sys.argv[2], TwoHostBatches(config, sys.argv[2]))
-    main.run(t.dates_config(), sys.argv[3])
+    if sys.argv[2] == 'finetune':  # From the .npz into a workdir, then from that workdir.
+      for pretrained, workdir in [(sys.argv[3], sys.argv[4]), (sys.argv[4], sys.argv[5])]:
+        config = t.finetune_config()
+        config.pretrained = pretrained
+        loop.train(config, workdir, TwoHostBatches(config, workdir))
+    else:
+      config = t.vit_config()
+      loop.train(config, sys.argv[2], TwoHostBatches(config, sys.argv[2]))
+      main.run(t.dates_config(), sys.argv[3])
 ''')
 
 
@@ -131,21 +152,44 @@ def _config_file(directory, name: str) -> str:
   return path
 
 
-def _start_pair(directory, config_name: str, workdir: str, with_flags: bool):
-  """Two `vit_jax.main` processes with 4 CPU devices each; settings by flags or env vars."""
+def _start_pair(directory, config_name: str, workdir: str, with_flags: bool, *flags: str,
+                devices: int = 4):
+  """Two `vit_jax.main` processes with `devices` CPU devices each; settings by flags or env."""
   address = f'127.0.0.1:{_free_port()}'
   command = [sys.executable, '-m', 'vit_jax.main',
-             f'--config={_config_file(directory, config_name)}', f'--workdir={workdir}']
+             f'--config={_config_file(directory, config_name)}', f'--workdir={workdir}', *flags]
   processes = []
   for process_id in range(2):
     if with_flags:
       processes.append(_start(command + [f'--coordinator_address={address}', '--num_processes=2',
-                                         f'--process_id={process_id}'], _env(4)))
+                                         f'--process_id={process_id}'], _env(devices)))
     else:
-      processes.append(_start(command, _env(4, JAX_COORDINATOR_ADDRESS=address,
+      processes.append(_start(command, _env(devices, JAX_COORDINATOR_ADDRESS=address,
                                             JAX_NUM_PROCESSES='2',
                                             JAX_PROCESS_ID=str(process_id))))
   return processes
+
+
+def _write_published_npz(path: str):
+  """Random weights of the fine-tuned model in the published layout, as trained elsewhere at
+  16x16 pixels (a 4x4 patch grid, where digits have 2x2)."""
+  from weights_helpers import _random_params  # pylint: disable=g-import-not-at-top
+  from vit_jax import weights  # pylint: disable=g-import-not-at-top
+  weights.save_npz(path, _random_params('ViT-testing', num_classes=10, size=16,
+                                        patch_size=(4, 4), num_layers=1))
+
+
+def _finetune_pair(root, pretrained: str, workdir: str, *flags: str):
+  """`finetune_config` on two processes of 2 devices, on FINETUNE_MESH, from `pretrained`."""
+  return _start_pair(root, 'finetune_config', workdir, True, f'--config.pretrained={pretrained}',
+                     f'--config.mesh_shape={FINETUNE_MESH}', *flags, devices=2)
+
+
+def _finetune_references(npz: str, from_npz: str, from_workdir: str):
+  """The fine-tunes on one process with one device, fed the two hosts' batches: from `npz`
+  into `from_npz`, then from that workdir into `from_workdir`."""
+  return _start([sys.executable, '-c', REFERENCE_SCRIPT, TESTS, 'finetune', npz, from_npz,
+                 from_workdir], _env(1))
 
 
 def _finish(*processes) -> list[str]:
@@ -166,12 +210,19 @@ def _finish(*processes) -> list[str]:
 def runs(tmp_path_factory):
   """Starts the two-process image and translation runs and the one-process references."""
   root = tmp_path_factory.mktemp('distributed')
-  workdirs = {name: str(root / name) for name in ('vit', 'dates', 'vit_one', 'dates_one')}
+  workdirs = {name: str(root / name) for name in (
+      'vit', 'dates', 'vit_one', 'dates_one', 'npz_two', 'npz_one', 'workdir_two',
+      'workdir_one')}
+  workdirs['npz'], workdirs['root'] = str(root / 'ViT-testing.npz'), str(root)
+  _write_published_npz(workdirs['npz'])
   started = {
       'vit': _start_pair(root, 'vit_config', workdirs['vit'], with_flags=True),
       'dates': _start_pair(root, 'dates_config', workdirs['dates'], with_flags=False),
       'reference': [_start([sys.executable, '-c', REFERENCE_SCRIPT, TESTS, workdirs['vit_one'],
                             workdirs['dates_one']], _env(8))],
+      'npz_two': _finetune_pair(root, workdirs['npz'], workdirs['npz_two']),
+      'finetune_one': [_finetune_references(workdirs['npz'], workdirs['npz_one'],
+                                            workdirs['workdir_one'])],
   }
   yield started, workdirs
   for processes in started.values():
@@ -194,6 +245,43 @@ def _evaluation(runs) -> subprocess.Popen:
 
 def _losses(workdir: str) -> list[float]:
   return [row['loss'] for row in read_metrics(workdir, 'train')]
+
+
+def _finetune_from_workdir(runs) -> list[subprocess.Popen]:
+  """The two-process fine-tune from the two-process .npz fine-tune's workdir, started once
+  that run has ended (the reference fine-tunes from its own)."""
+  started, workdirs = runs
+  if 'workdir_two' not in started:
+    _finish(*started['npz_two'])
+    started['workdir_two'] = _finetune_pair(workdirs['root'], workdirs['npz_two'],
+                                            workdirs['workdir_two'])
+  return started['workdir_two']
+
+
+def test_fine_tuning_from_a_published_npz_on_a_sharded_two_process_mesh(runs):
+  started, workdirs = runs
+  out, _ = _finish(*started['npz_two'])
+  _finetune_from_workdir(runs)  # Overlaps the reference run.
+  assert 'Distributed run: process 0 of 2, 2 local of 4 cpu device(s)' in out
+  assert 'mesh data 1, fsdp 2, model 2' in out
+  assert f'Loading pretrained weights from {workdirs["npz"]}' in out
+  _finish(*started['finetune_one'])
+  two, one = _losses(workdirs['npz_two']), _losses(workdirs['npz_one'])
+  assert len(two) == 2
+  assert abs(two[0] - np.log(10)) > 0.1  # The file's head answers (a fresh one: log 10).
+  np.testing.assert_allclose(two, one, rtol=1e-5)  # The first step's loss, and the second's.
+
+
+def test_fine_tuning_from_a_workdir_on_a_sharded_two_process_mesh(runs):
+  started, workdirs = runs
+  out, _ = _finish(*_finetune_from_workdir(runs))
+  _finish(*started['finetune_one'])
+  assert f'Loading pretrained weights from {workdirs["npz_two"]}' in out
+  two, one = _losses(workdirs['workdir_two']), _losses(workdirs['workdir_one'])
+  assert len(two) == 2
+  np.testing.assert_allclose(two, one, rtol=1e-5)  # The first step's loss, and the second's.
+  # It starts from the .npz fine-tune's weights after its 2 steps (not a resumed run).
+  assert not np.allclose(two[0], _losses(workdirs['npz_two'])[0], rtol=1e-3)
 
 
 def test_two_processes_train_like_one_with_all_devices(runs):
