@@ -44,7 +44,7 @@ class ReadLog:
     def counted(index):
       return read(tf.ensure_shape(tf.numpy_function(record, [index], tf.int64, stateful=True), []))
 
-    dataset._source = dataclasses.replace(source, read_train=counted)  # pylint: disable=protected-access
+    dataset._source = dataclasses.replace(source, read_train=counted)
 
 
 def _order(dataset, seed, positions):
@@ -180,7 +180,7 @@ def _make_folder(root, num_per_class=20):
 
 
 def _path(dataset, index):
-  record = dataset._source.read_train(tf.constant(index, tf.int64))  # pylint: disable=protected-access
+  record = dataset._source.read_train(tf.constant(index, tf.int64))
   return record['path'].numpy().decode()
 
 
@@ -235,7 +235,7 @@ def test_a_truncated_image_keeps_its_place_and_is_replaced_within_its_batch(fold
                                   shuffle_buffer=1))
   np.testing.assert_array_equal(
       _batches(in_order, bad // BATCH + 2)[-1]['label'],
-      [dataset._source.read_train(tf.constant(i, tf.int64))['label'].numpy()  # pylint: disable=protected-access
+      [dataset._source.read_train(tf.constant(i, tf.int64))['label'].numpy()
        for i in range((bad // BATCH + 1) * BATCH, (bad // BATCH + 2) * BATCH)])
 
 
@@ -264,7 +264,7 @@ def test_training_on_a_folder_with_corrupt_files_resumes_like_it_never_stopped(f
 @pytest.mark.parametrize('process_count', [1, 2])
 def test_tfds_mock_data_resumes_reading_only_from_the_resume_point(monkeypatch, process_count):
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from tensorflow_datasets.core.data_sources import array_record  # pylint: disable=g-import-not-at-top
+  from tensorflow_datasets.core.data_sources import array_record
   reads = []
   original = array_record.ArrayRecordDataSource.__getitem__
 
@@ -293,8 +293,8 @@ def test_tfds_mock_data_resumes_reading_only_from_the_resume_point(monkeypatch, 
 
 
 def test_tfds_tfrecord_stream_resumes_with_the_same_batches(tmp_path, monkeypatch):
-  from tests import test_data_images  # pylint: disable=g-import-not-at-top
-  test_data_images._store_tiny_tfds_dataset(tmp_path, monkeypatch)  # pylint: disable=protected-access
+  import test_data_images  # pylint: disable=g-import-not-at-top
+  test_data_images._store_tiny_tfds_dataset(tmp_path, monkeypatch)
 
   def build():
     return images.build(_config(dataset='tiny_images', tfds_data_dir=str(tmp_path),

@@ -4,9 +4,10 @@ Each variant is `images.build(...).train_batches(...)` on an image folder at the
 resolution: read, decode, inception crop, flip (as ImageNet recipes train), then with
 RandAugment, mixup, or both. Every measurement runs in a fresh process, once pinned to one core
 (images/s per core) and once on all cores, so that TensorFlow sizes its thread pools to what
-it may use. Last, the first batch is timed when resuming at steps 0 to 1,000,000: the
-stream starts where it stopped, without reading what came before. The folder is `--images DIR` (DIR/train/<class>/*.jpg), or JPEGs written for
-the run at ImageNet's typical size: 500x375 and 375x500, about 110 KB each.
+it may use. Last, the first batch is timed when resuming at steps 0 to 1,000,000: the stream
+starts where it stopped, without reading what came before. The folder is `--images DIR`
+(DIR/train/<class>/*.jpg), or JPEGs written for the run at ImageNet's typical size: 500x375
+and 375x500, about 100 KB each.
 """
 
 import json

@@ -17,7 +17,10 @@ _NO_END = 2**62  # Positions of an endless stream.
 
 
 def record_index(position, num_records: int, shuffle_seed: int | None):
-  """The record at int64 `position`: epoch-wise permutations of 0..num_records-1 (None: in order)."""
+  """The record at int64 `position`: each epoch a permutation of 0..num_records-1.
+
+  `shuffle_seed` None keeps the order.
+  """
   epoch, offset = position // num_records, position % num_records
   if shuffle_seed is None:
     return offset
@@ -63,7 +66,8 @@ def fill_failed_rows(batch):
   ok = batch.pop('ok')
   ok_rows = tf.cast(tf.where(ok)[:, 0], tf.int32)
   num_ok = tf.size(ok_rows)
-  tf.debugging.assert_positive(num_ok, message='No image of a whole train batch could be decoded.')
+  tf.debugging.assert_positive(num_ok, message='No image of a train batch could be decoded.')
   failed_rank = tf.cumsum(tf.cast(tf.logical_not(ok), tf.int32)) - 1
-  rows = tf.where(ok, tf.range(tf.size(ok)), tf.gather(ok_rows, tf.maximum(failed_rank, 0) % num_ok))
+  donors = tf.gather(ok_rows, tf.maximum(failed_rank, 0) % num_ok)  # An ok row per failed one.
+  rows = tf.where(ok, tf.range(tf.size(ok)), donors)
   return {key: tf.gather(value, rows) for key, value in batch.items()}

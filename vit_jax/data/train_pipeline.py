@@ -30,9 +30,9 @@ class Seeds:
   mixup: int  # Mixup weights: with the step.
 
 
-def _failed(shape, dtype) -> dict:
+def _failed(shape) -> dict:
   """The example in the place of a record that failed to decode."""
-  return {'image': tf.zeros(shape, dtype), 'label': tf.constant(0, tf.int32),
+  return {'image': tf.zeros(shape, tf.uint8), 'label': tf.constant(0, tf.int32),
           'ok': tf.constant(False)}
 
 
@@ -46,7 +46,7 @@ def _decoded(source, config, records, start: int):
     return position, {**example, 'ok': tf.constant(True)}
 
   if source.decode_can_fail:
-    return train_order.failsafe_map(records, decode, _failed([1, 1, config.channels], tf.uint8),
+    return train_order.failsafe_map(records, decode, _failed([1, 1, config.channels]),
                                     start)
   return records.map(decode, num_parallel_calls=_AUTOTUNE)
 
@@ -122,7 +122,7 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
 
       if source.decode_can_fail:
         examples = train_order.failsafe_map(
-            records, crop_record, _failed([size, size, channels], tf.uint8), start)
+            records, crop_record, _failed([size, size, channels]), start)
       else:
         examples = records.map(crop_record, num_parallel_calls=_AUTOTUNE)
 
