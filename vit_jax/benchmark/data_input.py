@@ -2,9 +2,9 @@
 
 Each variant is `images.build(...).train_batches(...)` on an image folder at the model
 resolution: read, decode, inception crop, flip (as ImageNet recipes train), then with
-RandAugment, mixup, or both. Every measurement runs in a fresh process, once pinned to one core
-(images/s per core) and once on all cores, so that TensorFlow sizes its thread pools to what
-it may use. Last, the first batch is timed when resuming at steps 0 to 1,000,000: the stream
+RandAugment, mixup, or both. Each is measured once in a fresh process pinned to one core
+(images/s per core: TensorFlow sizes its thread pools to the cores it may use), and once in
+this process on all cores. Last, the first batch is timed when resuming at steps 0 to 1,000,000: the stream
 starts where it stopped, without reading what came before. The folder is `--images DIR`
 (DIR/train/<class>/*.jpg), or JPEGs written for the run at ImageNet's typical size: 500x375
 and 375x500, about 100 KB each.
@@ -30,7 +30,6 @@ VARIANTS = {  # name -> data config overrides on top of crop + flip.
 }
 IMAGE_SIZES = ((375, 500), (500, 375))  # (height, width): ImageNet's most common shapes.
 RESUME_STEPS = (0, 10_000, 1_000_000)  # Resumed at these steps, the first batch is timed.
-_RESUME = 'resume'  # The child process's job name for first_batch_seconds.
 
 
 def write_jpegs(directory: str, num_images: int, seed: int = 0) -> str:
@@ -79,12 +78,11 @@ def first_batch_seconds(folder: str, resolution: int, batch: int, start_step: in
   return time.perf_counter() - start
 
 
-def _in_process(args, folder: str, variant: str, cores: set[int] | None) -> dict:
-  """`measure` in a fresh Python process, pinned to `cores` (None: all of this process's)."""
+def _in_process(args, folder: str, variant: str, cores: set[int]) -> dict:
+  """`measure` in a fresh Python process pinned to `cores`."""
   command = [sys.executable, '-m', 'vit_jax.benchmark.data_input', folder, variant,
-             ','.join(map(str, RESUME_STEPS)) if variant == _RESUME else '',
              str(args.resolution), str(args.batch), str(args.steps), str(args.warmup),
-             ','.join(map(str, sorted(cores or os.sched_getaffinity(0))))]
+             ','.join(map(str, sorted(cores)))]
   environment = {**os.environ, 'TF_CPP_MIN_LOG_LEVEL': '2'}
   result = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
   if result.returncode:
@@ -108,23 +106,21 @@ def benchmark_data(args) -> dict:
     rows = []
     for variant in args.variants:
       one = _in_process(args, folder, variant, {cores[0]})
-      everything = _in_process(args, folder, variant, None)
+      everything = measure(folder, variant, args.resolution, args.batch, args.steps,
+                           args.warmup)
       rows.append({'variant': variant, 'per_core': one['images_per_s'],
                    'all_cores': everything['images_per_s'],
                    'cores_to_feed': args.feed / one['images_per_s']})
-    resume = _in_process(args, folder, _RESUME, None)
+    resume = {str(step): first_batch_seconds(folder, args.resolution, args.batch, step)
+              for step in RESUME_STEPS}
   return {'rows': rows, 'cores': len(cores), 'feed': args.feed, 'num_files': len(sizes),
           'mean_file_kb': float(np.mean(sizes)) / 1024, 'first_batch_s': resume}
 
 
 def main(argv):
-  folder, variant, resume_steps, resolution, batch, steps, warmup, cores = argv
+  folder, variant, resolution, batch, steps, warmup, cores = argv
   os.sched_setaffinity(0, {int(core) for core in cores.split(',')})  # Before TF sizes its pools.
-  if variant == _RESUME:
-    figures = {step: first_batch_seconds(folder, int(resolution), int(batch), int(step))
-               for step in resume_steps.split(',')}
-  else:
-    figures = measure(folder, variant, int(resolution), int(batch), int(steps), int(warmup))
+  figures = measure(folder, variant, int(resolution), int(batch), int(steps), int(warmup))
   print(json.dumps(figures))
 
 
