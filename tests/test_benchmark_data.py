@@ -26,10 +26,10 @@ def test_written_jpegs_have_imagenet_sizes(tmp_path):
   assert all(50_000 < path.stat().st_size < 200_000 for path in train)
 
 
-def test_data_mode_times_each_variant_on_one_core_and_all(tmp_path):
+def test_data_mode_times_a_variant_on_one_core_and_all(tmp_path):
   report = tmp_path / 'report.json'
-  result = _benchmark('--num-images', '8', '--batch', '4', '--steps', '2', '--warmup', '1',
-                      '--resolution', '32', '--variants', 'crop+flip,+randaugment',
+  result = _benchmark('--num-images', '8', '--batch', '4', '--steps', '1', '--warmup', '1',
+                      '--resolution', '32', '--variants', '+randaugment',
                       '--feed', '1000', '--json', str(report))
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'train input | 32px | batch 4 | 8 JPEG files' in result.stdout
@@ -38,7 +38,7 @@ def test_data_mode_times_each_variant_on_one_core_and_all(tmp_path):
   figures = json.loads(report.read_text())
   assert list(figures['first_batch_s']) == ['0', '10000', '1000000']
   rows = figures['rows']
-  assert [row['variant'] for row in rows] == ['crop+flip', '+randaugment']
+  assert [row['variant'] for row in rows] == ['+randaugment']
   for row in rows:
     assert row['per_core'] > 0 and row['all_cores'] > 0
     assert row['cores_to_feed'] == pytest.approx(1000 / row['per_core'])
