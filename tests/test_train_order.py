@@ -37,12 +37,13 @@ class ReadLog:
     source = dataset._source  # pylint: disable=protected-access
     read = source.read_train
 
-    def record(index):
-      self.indices.append(int(index))
+    def record(index):  # One index, or a batch of them.
+      self.indices.extend(np.atleast_1d(index).tolist())
       return index
 
     def counted(index):
-      return read(tf.ensure_shape(tf.numpy_function(record, [index], tf.int64, stateful=True), []))
+      logged = tf.numpy_function(record, [index], tf.int64, stateful=True)
+      return read(tf.ensure_shape(logged, index.shape))
 
     dataset._source = dataclasses.replace(source, read_train=counted)
 

@@ -17,16 +17,17 @@ _NO_END = 2**62  # Positions of an endless stream.
 
 
 def record_index(position, num_records: int, shuffle_seed: int | None):
-  """The record at int64 `position`: each epoch a permutation of 0..num_records-1.
-
-  `shuffle_seed` None keeps the order.
-  """
+  """The record at each int64 `position` (a scalar or a vector): each epoch a permutation of
+  0..num_records-1; `shuffle_seed` None keeps the order."""
   epoch, offset = position // num_records, position % num_records
   if shuffle_seed is None:
     return offset
-  seed = tf.stack([tf.constant(shuffle_seed, tf.int64), epoch])
-  last = tf.constant(num_records - 1, tf.int64)
-  return tf.random.experimental.index_shuffle(offset, seed, last)
+  # (..., 3) seeds, one per position: the epoch's permutation. The raw op, because the
+  # `index_shuffle` wrapper pads a (n, 2) seed along n.
+  seed = tf.stack([tf.fill(tf.shape(epoch), tf.constant(shuffle_seed, tf.int64)), epoch,
+                   tf.zeros_like(epoch)], -1)
+  last = tf.fill(tf.shape(offset), tf.constant(num_records - 1, tf.int64))
+  return tf.raw_ops.RandomIndexShuffle(index=offset, seed=seed, max_index=last, rounds=4)
 
 
 def positions(start: int, num_records: int, shuffle_seed: int | None):
@@ -35,6 +36,13 @@ def positions(start: int, num_records: int, shuffle_seed: int | None):
     raise errors.ConfigError('This host has no train examples: the train split has fewer '
                              'examples than there are processes.')
   return tf.data.Dataset.range(start, _NO_END).map(
+      lambda p: (p, record_index(p, num_records, shuffle_seed)))
+
+
+def position_batches(start: int, batch_size: int, num_records: int, shuffle_seed: int | None):
+  """Like `positions`, batched: (positions (batch_size,), record indices (batch_size,))."""
+  positions(start, num_records, shuffle_seed)  # Checks num_records.
+  return tf.data.Dataset.range(start, _NO_END).batch(batch_size).map(
       lambda p: (p, record_index(p, num_records, shuffle_seed)))
 
 

@@ -95,20 +95,30 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
                   batch_size: int, start_step: int):
   """Batch `start_step` onwards of a host's endless train stream (see `ImageDataset`)."""
   start = start_step * batch_size
-  records, decoded = _records(source, config, seeds.shuffle, start)
-  examples = records if decoded else _decoded(source, config, records, start)
   size, channels = config.image_size, config.channels
 
   def seed_for(index):
     return tf.stack([tf.constant(seeds.augment, tf.int64), index])
 
-  if examples.element_spec[1]['image'].shape.is_fully_defined():
-    # Images of one size: batch first, then preprocess whole batches (~10x less CPU).
-    def preprocess_batch(positions, batch):
-      step = positions[0] // batch_size
-      crops = preprocess.train_crops(batch['image'], seed_for(step), config)
-      return step, {**batch, 'image': preprocess.randaugment_images(crops, seed_for(step), config)}
+  def preprocess_batch(positions, batch):
+    step = positions[0] // batch_size
+    crops = preprocess.train_crops(batch['image'], seed_for(step), config)
+    return step, {**batch, 'image': preprocess.randaugment_images(crops, seed_for(step), config)}
 
+  in_memory = source.decode is None and source.read_train is not None and not config.cache
+  if in_memory:  # Arrays (digits): read, crop and augment whole batches at once.
+    order_seed = None if config.shuffle_buffer == 1 else seeds.shuffle
+    batches = train_order.position_batches(start, batch_size, source.local_num_train_examples,
+                                           order_seed)
+    batches = batches.map(lambda positions, indices: (positions, source.read_train(indices)))
+    batches = batches.map(preprocess_batch, num_parallel_calls=_AUTOTUNE)
+  else:
+    records, decoded = _records(source, config, seeds.shuffle, start)
+    examples = records if decoded else _decoded(source, config, records, start)
+  if in_memory:
+    pass
+  elif examples.element_spec[1]['image'].shape.is_fully_defined():
+    # Images of one size: batch first, then preprocess whole batches (~10x less CPU).
     batches = examples.batch(batch_size, drop_remainder=True)
     batches = batches.map(preprocess_batch, num_parallel_calls=_AUTOTUNE)
   else:
@@ -148,7 +158,7 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
     if source.decode_can_fail:
       batch = train_order.fill_failed_rows(batch)
     else:
-      del batch['ok']
+      batch.pop('ok', None)
     batch['image'] = preprocess.to_unit_range(batch['image'])  # uint8 until here: 4x less to copy.
     if config.mixup_alpha > 0:
       batch_seed = tf.stack([tf.constant(seeds.mixup, tf.int64), step])
