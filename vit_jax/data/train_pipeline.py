@@ -13,6 +13,7 @@ sizes are preprocessed one by one, and with the inception crop a JPEG decodes on
 import dataclasses
 
 import ml_collections
+import numpy as np
 
 from vit_jax import progress
 from vit_jax.data import augment, preprocess, train_order
@@ -52,25 +53,33 @@ def _decoded(source, config, records, start: int):
 
 
 def _cached_reader(source, config):
-  """index -> decoded train example, from this host's train split decoded once into memory."""
+  """index -> decoded train example, from this host's train split decoded once into memory.
+
+  The images are kept as one flat uint8 variable with each image's offset and shape, so that
+  reading one stays in TensorFlow (no Python, no GIL) whatever the image sizes.
+  """
   records = tf.data.Dataset.range(source.local_num_train_examples).map(
       lambda index: (index, source.read_train(index)))
   decoded = _decoded(source, config, records, start=0)
-  spec = decoded.element_spec[1]
   with progress.phase(f'Decoding the {source.local_num_train_examples} train images of this '
                       'host into memory (config.data.cache)'):
-    cache = [example for _, example in decoded.as_numpy_iterator()]
-
-  def fetch(index):
-    example = cache[index]
-    return example['image'], example['label'], example['ok']
+    examples = [example for _, example in decoded.as_numpy_iterator()]
+  shapes = np.array([example['image'].shape for example in examples], np.int64)  # (n, 3)
+  offsets = np.concatenate([[0], np.cumsum(np.prod(shapes, axis=1))])  # (n + 1,)
+  pixels = tf.Variable(np.concatenate([example['image'].ravel() for example in examples]),
+                       trainable=False)
+  labels = tf.constant([example['label'] for example in examples], tf.int32)
+  ok = tf.constant([example['ok'] for example in examples], tf.bool)
+  one_shape = len({tuple(shape) for shape in shapes}) == 1
+  image_shape = tuple(shapes[0]) if one_shape else (None, None, config.channels)
 
   def read(index):
-    image, label, ok = tf.numpy_function(fetch, [index], [tf.uint8, tf.int32, tf.bool],
-                                         stateful=False)
-    return {'image': tf.ensure_shape(image, spec['image'].shape),
-            'label': tf.ensure_shape(label, []), 'ok': tf.ensure_shape(ok, [])}
+    start = tf.gather(offsets, index)
+    image = tf.reshape(pixels[start:tf.gather(offsets, index + 1)], tf.gather(shapes, index))
+    return {'image': tf.ensure_shape(image, image_shape), 'label': tf.gather(labels, index),
+            'ok': tf.gather(ok, index)}
 
+  read.pixels = pixels  # Kept alive with the reader.
   return read
 
 
