@@ -30,18 +30,22 @@ def record_index(position, num_records: int, shuffle_seed: int | None):
   return tf.raw_ops.RandomIndexShuffle(index=offset, seed=seed, max_index=last, rounds=4)
 
 
-def positions(start: int, num_records: int, shuffle_seed: int | None):
-  """Endless dataset of (position, record index) from position `start` on."""
+def _check_records(num_records: int):
   if num_records < 1:
     raise errors.ConfigError('This host has no train examples: the train split has fewer '
                              'examples than there are processes.')
+
+
+def positions(start: int, num_records: int, shuffle_seed: int | None):
+  """Endless dataset of (position, record index) from position `start` on."""
+  _check_records(num_records)
   return tf.data.Dataset.range(start, _NO_END).map(
       lambda p: (p, record_index(p, num_records, shuffle_seed)))
 
 
 def position_batches(start: int, batch_size: int, num_records: int, shuffle_seed: int | None):
   """Like `positions`, batched: (positions (batch_size,), record indices (batch_size,))."""
-  positions(start, num_records, shuffle_seed)  # Checks num_records.
+  _check_records(num_records)
   return tf.data.Dataset.range(start, _NO_END).batch(batch_size).map(
       lambda p: (p, record_index(p, num_records, shuffle_seed)))
 

@@ -84,7 +84,7 @@ def _cached_reader(source, config):
 
 
 def _records(source, config, shuffle_seed: int, start: int):
-  """((position, record) from `start` on, whether the records are decoded examples already)."""
+  """(position, record) from `start` on; with config.cache, decoded examples already."""
   if source.read_train is None:  # A stream: what comes before `start` is read, not decoded.
     buffer = STREAM_SHUFFLE_BUFFER if config.shuffle_buffer == 0 else config.shuffle_buffer
     records = source.train(shuffle_seed)
@@ -92,12 +92,12 @@ def _records(source, config, shuffle_seed: int, start: int):
       records = records.map(source.decode, num_parallel_calls=_AUTOTUNE).cache()
       records = records.map(lambda example: {**example, 'ok': tf.constant(True)})
     records = records.shuffle(buffer, seed=shuffle_seed).repeat().skip(start)
-    return records.enumerate(start=start), config.cache
+    return records.enumerate(start=start)
   order_seed = None if config.shuffle_buffer == 1 else shuffle_seed
   indices = train_order.positions(start, source.local_num_train_examples, order_seed)
   read = _cached_reader(source, config) if config.cache else source.read_train
   return indices.map(lambda position, index: (position, read(index)),
-                     num_parallel_calls=_AUTOTUNE), config.cache
+                     num_parallel_calls=_AUTOTUNE)
 
 
 def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, seeds: Seeds,
@@ -114,24 +114,22 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
     crops = preprocess.train_crops(batch['image'], seed_for(step), config)
     return step, {**batch, 'image': preprocess.randaugment_images(crops, seed_for(step), config)}
 
-  in_memory = source.decode is None and source.read_train is not None and not config.cache
-  if in_memory:  # Arrays (digits): read, crop and augment whole batches at once.
+  if source.decode is None and source.read_train is not None and not config.cache:
+    # Arrays (digits): read, crop and augment whole batches at once.
     order_seed = None if config.shuffle_buffer == 1 else seeds.shuffle
     batches = train_order.position_batches(start, batch_size, source.local_num_train_examples,
                                            order_seed)
     batches = batches.map(lambda positions, indices: (positions, source.read_train(indices)))
-    batches = batches.map(preprocess_batch, num_parallel_calls=_AUTOTUNE)
-  else:
-    records, decoded = _records(source, config, seeds.shuffle, start)
-    examples = records if decoded else _decoded(source, config, records, start)
-  if in_memory:
-    pass
-  elif examples.element_spec[1]['image'].shape.is_fully_defined():
+    return _finished(batches.map(preprocess_batch, num_parallel_calls=_AUTOTUNE), source,
+                     config, num_classes, seeds)
+  records = _records(source, config, seeds.shuffle, start)
+  examples = records if config.cache else _decoded(source, config, records, start)
+  if examples.element_spec[1]['image'].shape.is_fully_defined():
     # Images of one size: batch first, then preprocess whole batches (~10x less CPU).
     batches = examples.batch(batch_size, drop_remainder=True)
     batches = batches.map(preprocess_batch, num_parallel_calls=_AUTOTUNE)
   else:
-    if not decoded and source.encoded is not None and config.train_crop == 'inception_crop':
+    if not config.cache and source.encoded is not None and config.train_crop == 'inception_crop':
       # Decoding and cropping in one: a JPEG decodes only the crop's window.
       def crop_record(position, record):
         crops = preprocess.train_crops(source.encoded(record), seed_for(position), config,
@@ -163,6 +161,11 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
     batches = examples.batch(batch_size, drop_remainder=True).map(
         lambda positions, batch: (positions[0] // batch_size, batch))
 
+  return _finished(batches, source, config, num_classes, seeds)
+
+
+def _finished(batches, source, config, num_classes: int, seeds: Seeds):
+  """(step, uint8 batch) -> the batches the trainer takes: failed rows filled, float32, mixup."""
   def finish(step, batch):
     if source.decode_can_fail:
       batch = train_order.fill_failed_rows(batch)
