@@ -1,8 +1,13 @@
 """`python -m vit_jax.benchmark`: see `vit_jax.benchmark.cli`."""
 
+import os
 import sys
 
-from vit_jax.benchmark import cli
+# Before TensorFlow loads: its warnings (grappler cannot cost the crop of an image of unknown
+# size, once per pipeline built) would drown the tables of --mode data.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
+
+from vit_jax.benchmark import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 if __name__ == '__main__':
   sys.exit(cli.main())

@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import errors, progress
 
 VARIANTS = {  # name -> data config overrides on top of crop + flip.
     'crop+flip': {},
@@ -100,19 +100,22 @@ def benchmark_data(args) -> dict:
         raise errors.ConfigError(f'--images {args.images}: expected a folder DIR/train/<class>/'
                                  '*.jpg (and DIR/test/...), as config.data.dataset takes.')
     else:
-      folder = write_jpegs(scratch, args.num_images)
+      with progress.phase(f'Writing {args.num_images} JPEG files'):
+        folder = write_jpegs(scratch, args.num_images)
     sizes = [os.path.getsize(os.path.join(root, name))
              for root, _, names in os.walk(os.path.join(folder, 'train')) for name in names]
     rows = []
     for variant in args.variants:
-      one = _in_process(args, folder, variant, {cores[0]})
-      everything = measure(folder, variant, args.resolution, args.batch, args.steps,
-                           args.warmup)
+      with progress.phase(f'Timing {variant} on one core, then on {len(cores)}'):
+        one = _in_process(args, folder, variant, {cores[0]})
+        everything = measure(folder, variant, args.resolution, args.batch, args.steps,
+                             args.warmup)
       rows.append({'variant': variant, 'per_core': one['images_per_s'],
                    'all_cores': everything['images_per_s'],
                    'cores_to_feed': args.feed / one['images_per_s']})
-    resume = {str(step): first_batch_seconds(folder, args.resolution, args.batch, step)
-              for step in RESUME_STEPS}
+    with progress.phase('Timing the first batch after resuming'):
+      resume = {str(step): first_batch_seconds(folder, args.resolution, args.batch, step)
+                for step in RESUME_STEPS}
   return {'rows': rows, 'cores': len(cores), 'feed': args.feed, 'num_files': len(sizes),
           'mean_file_kb': float(np.mean(sizes)) / 1024, 'first_batch_s': resume}
 
