@@ -4,11 +4,13 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def override(config, overrides: dict):
@@ -50,6 +52,22 @@ def final_eval(out: subprocess.CompletedProcess, total_steps: int) -> str:
   match = re.search(rf'eval at step {total_steps}: .*', out.stdout)
   assert out.returncode == 0 and match, out.stdout + out.stderr
   return match.group(0)
+
+
+def assert_resumed_run_repeats(config, tmp_path, last_step: int, resume_step: int):
+  """Runs `config` twice; the second loses its last checkpoint (as if killed after
+  `resume_step`) and resumes: its losses must equal the uninterrupted run's."""
+  from vit_jax import main  # pylint: disable=g-import-not-at-top
+  uninterrupted, interrupted = str(tmp_path / 'uninterrupted'), str(tmp_path / 'interrupted')
+  main.run(config, uninterrupted)
+  main.run(config, interrupted)
+  shutil.rmtree(os.path.join(interrupted, 'checkpoints', str(last_step)))
+  os.remove(os.path.join(interrupted, 'metrics.jsonl'))
+  main.run(config, interrupted)
+  expected = [row['loss'] for row in read_metrics(uninterrupted, 'train')][resume_step:]
+  resumed = [row['loss'] for row in read_metrics(interrupted, 'train')]
+  assert len(resumed) == last_step - resume_step
+  np.testing.assert_allclose(resumed, expected, rtol=1e-5)
 
 
 def read_metrics(workdir, split):

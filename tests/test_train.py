@@ -4,7 +4,6 @@ fine-tune, distil, accumulate, and the errors a user meets."""
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import malloc_arenas_after, override, read_metrics
+from helpers import assert_resumed_run_repeats, malloc_arenas_after, override, read_metrics
 
 from vit_jax import main, models, runtime, weights
 from vit_jax.data import images
@@ -272,18 +271,8 @@ def test_bfloat16_compute_trains(tmp_path, monkeypatch):
 def test_resumed_run_repeats_the_uninterrupted_one(tmp_path):
   config = tiny_config(total_steps=20, log_every=1, eval_every=0, checkpoint_every=10,
                        keep_checkpoints=5, **{'model.dropout_rate': 0.1})
-  uninterrupted = str(tmp_path / 'uninterrupted')
-  main.run(config, uninterrupted)
-  interrupted = str(tmp_path / 'interrupted')
-  main.run(config, interrupted)
-  # As if killed between the checkpoints at steps 10 and 20: drop the last one and rerun.
-  shutil.rmtree(os.path.join(interrupted, 'checkpoints', '20'))
-  os.remove(os.path.join(interrupted, 'metrics.jsonl'))
-  main.run(config, interrupted)
-  expected = [row['loss'] for row in read_metrics(uninterrupted, 'train')][10:]
-  resumed = [row['loss'] for row in read_metrics(interrupted, 'train')]
-  assert len(resumed) == 10
-  np.testing.assert_allclose(resumed, expected, rtol=1e-5)
+  # As if killed between the checkpoints at steps 10 and 20.
+  assert_resumed_run_repeats(config, tmp_path, last_step=20, resume_step=10)
 
 
 def test_fine_tuning_from_a_workdir_at_another_resolution(tmp_path):

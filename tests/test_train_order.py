@@ -13,9 +13,8 @@ import struct
 
 import numpy as np
 import pytest
-from helpers import override, read_metrics
+from helpers import assert_resumed_run_repeats, override
 
-from vit_jax import main
 from vit_jax.data import images, train_order
 from vit_jax.data.tf_cpu import tf
 from vit_jax.train import config as config_lib
@@ -248,17 +247,8 @@ def test_training_on_a_folder_with_corrupt_files_resumes_like_it_never_stopped(f
       'data.train_crop': 'inception_crop', 'data.flip': True, 'batch_size': 8,
       'eval_batch_size': 4, 'total_steps': 8, 'log_every': 1, 'eval_every': 0,
       'checkpoint_every': 4, 'keep_checkpoints': 3})
-  uninterrupted, interrupted = str(tmp_path / 'uninterrupted'), str(tmp_path / 'interrupted')
-  main.run(config, uninterrupted)
-  main.run(config, interrupted)
   # As if killed between the checkpoints at steps 4 and 8; the second epoch starts in step 6.
-  os.rename(os.path.join(interrupted, 'checkpoints', '8'), str(tmp_path / 'step8'))
-  os.remove(os.path.join(interrupted, 'metrics.jsonl'))
-  main.run(config, interrupted)
-  expected = [row['loss'] for row in read_metrics(uninterrupted, 'train')][4:]
-  resumed = [row['loss'] for row in read_metrics(interrupted, 'train')]
-  assert len(resumed) == 4
-  np.testing.assert_allclose(resumed, expected, rtol=1e-5)
+  assert_resumed_run_repeats(config, tmp_path, last_step=8, resume_step=4)
 
 
 # ------------------------------------------------------------------------------ TFDS
