@@ -11,7 +11,6 @@ every host gets N // P and the first N % P hosts one more.
 
 import concurrent.futures
 import dataclasses
-import difflib
 import os
 from typing import Any, Callable
 
@@ -19,7 +18,8 @@ from absl import logging
 import ml_collections
 import numpy as np
 
-from vit_jax import errors, files, progress
+from vit_jax import errors, files
+from vit_jax.data import tfds_common
 from vit_jax.data.hosts import host_range
 from vit_jax.data.tf_cpu import tf
 
@@ -56,28 +56,6 @@ class Source:
   decode_can_fail: bool = False
   skipped_files: tuple[str, ...] = ()  # Files left out at load time (image folders).
   class_names: tuple[str, ...] = ()  # Name of each label id; () when the dataset has none.
-
-
-def tfds_suggestion(name: str) -> str:
-  """' Close TFDS names: a, b.' for a dataset name that TFDS does not know, or ''."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  base_name = name.split('/')[0].split(':')[0]  # Without '/config' or ':version'.
-  close = difflib.get_close_matches(base_name, tfds.list_builders(), n=5, cutoff=0.6)
-  return f' Close TFDS names: {", ".join(close)}.' if close else ''
-
-
-def tfds_builder(name: str, data_dir: str | None,
-                 unknown_error: Callable[[Exception], Exception]):
-  """`tfds.builder(name)`; a name TFDS does not know raises `unknown_error(tfds_error)`."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  try:
-    return tfds.builder(name, data_dir=data_dir)
-  except tfds.core.DatasetNotFoundError as e:
-    raise unknown_error(e) from None
-  except ValueError as e:
-    if not str(e).startswith('Parsing builder name string'):
-      raise  # E.g. an unknown config of a known dataset: TFDS's message lists the close ones.
-    raise unknown_error(e) from None
 
 
 def _in_memory_source(name: str, class_names: tuple[str, ...],
@@ -146,47 +124,6 @@ def load_digits(config: ml_collections.ConfigDict, process_index: int,
 # ------------------------------------------------------------------------------ TFDS
 
 
-def _tfds_split_size(builder, split) -> int:
-  """Number of examples in a TFDS split string / sub-split, from metadata when it has it."""
-  if builder.info.splits:  # Empty under tfds.testing.mock_data: fall back to counting.
-    try:
-      return builder.info.splits[split].num_examples
-    except (KeyError, ValueError) as e:
-      raise errors.ConfigError(f'Split {split!r} is not valid for TFDS dataset {builder.name!r}, '
-                               f'whose splits are {sorted(builder.info.splits)}: {e}') from e
-  cardinality = int(builder.as_dataset(split=split).cardinality())
-  if cardinality >= 0:
-    return cardinality
-  return sum(1 for _ in builder.as_dataset(split=split))
-
-
-def _prepare_tfds(builder, name: str, config: ml_collections.ConfigDict, tfds):
-  """Runs download_and_prepare if needed, or explains how to prepare the dataset elsewhere."""
-  if builder.is_prepared():
-    return
-  how = (f'Prepare it where there is network access (`tfds build {name} --data_dir=DIR`; '
-         'manual datasets such as imagenet2012 need their archives in --manual_dir first), copy '
-         'DIR to this machine and set config.data.tfds_data_dir=DIR.')
-  where = f'{builder.data_dir} (config.data.tfds_data_dir={config.tfds_data_dir!r})'
-  if not config.tfds_download:
-    raise errors.DataUnavailableError(f'TFDS dataset {name!r} is not prepared in {where} and '
-                                      f'config.data.tfds_download is False. {how}')
-  # TFDS's downloader reads its retry count from this module constant at each download.
-  from tensorflow_datasets.core.download import downloader  # pylint: disable=g-import-not-at-top
-  default_retries, downloader.MAX_RETRIES = downloader.MAX_RETRIES, config.tfds_download_retries
-  try:
-    with progress.phase(f'Preparing TFDS dataset {name} in {builder.data_dir} (download and '
-                        'convert; this happens once)'):
-      builder.download_and_prepare(
-          download_config=tfds.download.DownloadConfig(manual_dir=config.tfds_manual_dir))
-  except Exception as e:  # Offline, missing manual files, ...: all end here.
-    raise errors.DataUnavailableError(
-        f'TFDS dataset {name!r} is not prepared in {where}, and preparing it failed '
-        f'({type(e).__name__}: {e}). {how}') from e
-  finally:
-    downloader.MAX_RETRIES = default_retries
-
-
 def _tfds_reader(builder, split, decoders, image_feature):
   """(index -> record in tf ops, number of records) of a TFDS split read by index, or (None, 0).
 
@@ -219,7 +156,7 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
   name = config.dataset
   if builder is None:
     builder = tfds.builder(name, data_dir=config.tfds_data_dir)
-  _prepare_tfds(builder, name, config, tfds)
+  tfds_common.prepare(builder, name, config, tfds)
   features = builder.info.features
   label_feature = features['label'] if 'label' in features else None
   if 'image' not in features or not isinstance(label_feature, tfds.features.ClassLabel):
@@ -248,7 +185,7 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
 
   read_train, local_num_train = _tfds_reader(builder, train_split, decoders, image_feature)
   if read_train is None:
-    local_num_train = _tfds_split_size(builder, train_split)
+    local_num_train = tfds_common.split_size(builder, train_split)
 
   def test():
     return records(test_split, shuffle_files=False)
@@ -257,13 +194,13 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
     image = image_feature.decode_example(record['image']) if skip_decoding else record['image']
     return {'image': image, 'label': tf.cast(record['label'], tf.int32)}
 
-  test_shares = [_tfds_split_size(builder, host_split(config.test_split, i))
+  test_shares = [tfds_common.split_size(builder, host_split(config.test_split, i))
                  for i in range(process_count)]
   return Source(
       name=name,
       num_classes=label_feature.num_classes,
-      num_train_examples=_tfds_split_size(builder, config.train_split),
-      num_test_examples=_tfds_split_size(builder, config.test_split),
+      num_train_examples=tfds_common.split_size(builder, config.train_split),
+      num_test_examples=tfds_common.split_size(builder, config.test_split),
       local_num_train_examples=local_num_train,
       local_num_test_examples=test_shares[process_index],
       max_local_test_examples=max(test_shares),
@@ -405,7 +342,7 @@ def _unknown_dataset_error(config: ml_collections.ConfigDict,
                  f'folder ({_FOLDER_LAYOUT})')
   else:
     as_folder = 'not an existing directory'
-  suggestion = tfds_suggestion(name)
+  suggestion = tfds_common.suggestion(name)
   return errors.ConfigError(
       f"Unknown dataset {name!r} (config.data.dataset): it is not 'digits', it is {as_folder}, and "
       'it is neither a registered TFDS builder nor a dataset prepared in '
@@ -434,6 +371,6 @@ def load(config: ml_collections.ConfigDict, process_index: int, process_count: i
     return load_folder(config, process_index, process_count)
   if name.startswith(('/', '.', '~')):
     raise _folder_error(config)
-  builder = tfds_builder(name, config.tfds_data_dir,
+  builder = tfds_common.find_builder(name, config.tfds_data_dir,
                          lambda error: _unknown_dataset_error(config, error))
   return load_tfds(config, process_index, process_count, builder=builder)

@@ -17,7 +17,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import errors, files, progress
-from vit_jax.data import dates, hosts
+from vit_jax.data import dates, hosts, tfds_common
 
 _VOCABULARY_SPREAD = 16  # TFDS: the vocabulary sample is read from this many even sub-splits.
 
@@ -200,10 +200,9 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
               builder) -> TextSource:
   """A TFDS translation dataset; config.source_language / target_language pick the features."""
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  from vit_jax.data import sources as image_sources  # pylint: disable=g-import-not-at-top
   name = config.dataset
-  split_size = image_sources._tfds_split_size  # pylint: disable=protected-access
-  image_sources._prepare_tfds(builder, name, config, tfds)  # pylint: disable=protected-access
+  split_size = tfds_common.split_size
+  tfds_common.prepare(builder, name, config, tfds)
   source, target = _translation_languages(builder, config)
 
   def host_split(split, index):
@@ -248,9 +247,8 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
 
 def _unknown_dataset_error(config: ml_collections.ConfigDict,
                            error: Exception) -> errors.ConfigError:
-  from vit_jax.data import sources as image_sources  # pylint: disable=g-import-not-at-top
   name = config.dataset
-  suggestion = image_sources.tfds_suggestion(name)
+  suggestion = tfds_common.suggestion(name)
   return errors.ConfigError(
       f"Unknown dataset {name!r} (config.data.dataset): it is not 'dates' or 'files', and it is "
       'neither a registered TFDS builder nor a dataset prepared in '
@@ -265,7 +263,6 @@ def load(config: ml_collections.ConfigDict, process_index: int, process_count: i
   if config.dataset == 'files':
     return load_files(config, process_index, process_count)
   # TFDS (and TensorFlow) load only here: the other sources run without them.
-  from vit_jax.data import sources as image_sources  # pylint: disable=g-import-not-at-top
-  builder = image_sources.tfds_builder(config.dataset, config.tfds_data_dir,
+  builder = tfds_common.find_builder(config.dataset, config.tfds_data_dir,
                                        lambda error: _unknown_dataset_error(config, error))
   return load_tfds(config, process_index, process_count, builder)
