@@ -231,3 +231,10 @@ def test_two_devices_give_the_figures_of_one(figures):
                        env={**os.environ, 'JAX_PLATFORMS': 'cpu'}, timeout=300)
   assert run.returncode == 0, run.stderr[-3000:]
   assert json.loads(run.stdout.strip().splitlines()[-1]) == figures
+
+
+def test_names_come_as_a_tuple_a_list_or_one_comma_separated_string():
+  # --config.evals=a,b reaches the config as ('a,b',); --config.evals="['a', 'b']" as a list.
+  assert evaluation.names_of(('fewshot,imagenet_v2',)) == ('fewshot', 'imagenet_v2')
+  assert evaluation.names_of(['fewshot', ' imagenet_a']) == ('fewshot', 'imagenet_a')
+  assert evaluation.names_of(()) == ()

@@ -14,7 +14,6 @@ import pytest
 from helpers import assert_resumed_run_repeats, malloc_arenas_after, override, read_metrics
 
 from vit_jax import main, models, runtime, weights
-from vit_jax.data import images
 from vit_jax.train import checkpointing, classification
 from vit_jax.train import config as config_lib
 from vit_jax.train import loop, optim
@@ -138,50 +137,6 @@ def test_pretrained_weights_are_fitted_to_shapes_and_the_model_init_fills_in(tmp
   assert np.abs(fitted['pre_logits']['kernel']).min() > 0  # Random: the init's, with `rng`.
   assert classification.ClassificationTask(tiny_config(), str(tmp_path / 'fresh')).initial_params(
       rng, target['params']) is None
-
-
-def test_deit_distils_from_a_teacher_workdir(tmp_path):
-  # A teacher whose top class is 3 for every image (all its weights are 0 but the head's
-  # bias), unlike the labels (a tenth are 3): hard distillation teaches the student's
-  # distillation head that 3, and only the teacher can have taught it.
-  teacher_model = models.get_model('ViT-testing', num_classes=10, patch_size=(4, 4))
-  shapes = jax.eval_shape(teacher_model.init, jax.random.PRNGKey(1), np.zeros((1, 8, 8, 3)))
-  params = jax.tree.map(lambda s: np.zeros(s.shape, s.dtype), shapes['params'])
-  params['head']['bias'][3] = 10.0
-  npz = str(tmp_path / 'always_3.npz')
-  weights.save_npz(npz, params)
-  teacher = str(tmp_path / 'teacher')
-  main.run(tiny_config(pretrained=npz, total_steps=1, eval_every=0, checkpoint_every=0),
-           teacher)  # One step of lr 1e-3 leaves its answer as it is.
-  config = tiny_config(teacher=teacher, total_steps=20, log_every=5, eval_every=0,
-                       checkpoint_every=0)
-  config.model = config_lib.model_config('DeiT-testing')
-  config.model.patch_size = (4, 4)
-  student = str(tmp_path / 'student')
-  results = main.run(config, student)
-  rows = read_metrics(student, 'train')
-  assert {'class_loss', 'dist_loss'} <= set(rows[-1])
-  assert results['num_examples'] == 360
-  # The teacher's one class is learnt far faster than the digits (dist_loss ~1.8 vs
-  # class_loss ~2.3 at step 20); with the labels as distillation targets they would match.
-  assert rows[-1]['dist_loss'] < rows[-1]['class_loss'] - 0.3, rows[-1]
-  # At inference the distillation head answers the teacher's 3; the class head does not.
-  student_params, _ = checkpointing.restore_params(student)
-  model = config_lib.build_model(config.model, num_classes=10)
-  test = next(iter(images.build(config.data).eval_batches(360)))
-  _, state = jax.jit(lambda p, x: model.apply(
-      {'params': p}, x, capture_intermediates=lambda m, _: m.name in ('head', 'head_dist')))(
-          student_params, test['image'])
-  heads = {name: np.argmax(state['intermediates'][name]['__call__'][0], -1)
-           for name in ('head', 'head_dist')}
-  assert np.mean(heads['head_dist'] == 3) > 0.95
-  assert np.mean(heads['head_dist'] == 3) > np.mean(heads['head'] == 3) + 0.3
-  assert np.mean(test['label'] == 3) < 0.2
-
-
-def test_teacher_needs_a_distillation_head(tmp_path):
-  with pytest.raises(ValueError, match='has no distillation head'):
-    main.run(tiny_config(teacher=str(tmp_path)), str(tmp_path / 'run'))
 
 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc')

@@ -1,6 +1,6 @@
 """Command line: convert ViT weights between `.npz`, timm `.safetensors` and orbax workdirs.
 
-  python -m vit_jax.convert SRC DST [--model NAME] [--overwrite]
+  python -m vit_jax.convert SRC DST [--model NAME] [--overwrite] [--ema]
   python -m vit_jax.convert --print SRC
 
 chooses the formats from the paths (`.npz`: published layout, `.safetensors`: timm
@@ -31,6 +31,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--checkpoint-fallback', action='store_true',
                       help="a workdir SRC whose latest checkpoint cannot be read: take its "
                       'newest readable one')
+  parser.add_argument('--ema', action='store_true',
+                      help='a workdir SRC: convert its EMA weights (trained with '
+                      'config.ema_decay > 0)')
   args = parser.parse_args(argv)
   try:
     if args.print_names:
@@ -39,7 +42,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.dst is None:
       parser.error('give DST, or --print to list the arrays of SRC')
     weights.convert_file(args.src, args.dst, model=args.model, overwrite=args.overwrite,
-                         fall_back=args.checkpoint_fallback)
+                         fall_back=args.checkpoint_fallback, ema=args.ema)
   except BrokenPipeError:  # `--print ... | head`: the reader has all it wants.
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0

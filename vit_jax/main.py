@@ -94,6 +94,7 @@ def _visualize(config, workdir: str):
 
 MODES = {'train': _train, 'evaluate': _evaluate, 'predict': _predict,
          'translate': _translate, 'visualize': _visualize}
+USE_EMA_MODES = ('predict', 'translate', 'visualize')  # The modes that config.use_ema applies to.
 
 
 def run(config, workdir: str):
@@ -110,6 +111,13 @@ def run(config, workdir: str):
   if config.trainer not in known:
     raise errors.ConfigError(f'config.trainer={config.trainer!r} is not a mode of the '
                              f'{config.task} task; choose one of {", ".join(known)}.')
+  if config.use_ema and config.trainer not in USE_EMA_MODES:
+    raise errors.ConfigError(
+        f'config.use_ema applies to trainer={"/".join(USE_EMA_MODES)}, not {config.trainer!r} '
+        '(training and evaluate report the EMA weights beside the weights): leave it False.')
+  if not 0 <= config.ema_decay < 1:
+    raise errors.ConfigError(f'config.ema_decay={config.ema_decay} must be in [0, 1) (0: no '
+                             'EMA; 0.9999 is usual).')
   from vit_jax import kernels  # pylint: disable=g-import-not-at-top
   with kernels.use(config.matmul, config.dropout_masks):
     return MODES[config.trainer](config, workdir)

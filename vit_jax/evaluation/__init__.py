@@ -32,7 +32,7 @@ from vit_jax.evaluation.fewshot import fewshot_config
 EVALS = ('imagenet2012_real', 'imagenet_v2', 'imagenet_sketch', 'imagenet_a', 'imagenet_r',
          'fewshot')
 
-__all__ = ['EVALS', 'Evaluator', 'build', 'fewshot_config', 'run']
+__all__ = ['EVALS', 'Evaluator', 'build', 'fewshot_config', 'names_of', 'run']
 
 
 def _check_names(names, num_classes: int):
@@ -53,6 +53,13 @@ def _check_names(names, num_classes: int):
           f'Extra evaluation {name!r} scores the 1,000 ImageNet classes, but the model has '
           f'num_classes={num_classes}; drop it, or train on the 1,000 ImageNet classes '
           '(e.g. imagenet2012).')
+
+
+def names_of(evals) -> tuple[str, ...]:
+  """config.evals as names: `--config.evals=a,b` gives ('a,b',), which means ('a', 'b')."""
+  if isinstance(evals, str):
+    evals = (evals,)
+  return tuple(name.strip() for entry in evals for name in str(entry).split(',') if name.strip())
 
 
 def build(names: tuple[str, ...], data_config, fewshot_config, num_classes: int,

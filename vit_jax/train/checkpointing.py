@@ -94,10 +94,11 @@ def check_task(workdir: str, task: str, role: str = '--workdir'):
         f'use another directory for this {task} config.')
 
 
-def restore_params(workdir: str, fall_back: bool = False) -> tuple[dict, int]:
+def restore_params(workdir: str, fall_back: bool = False, ema: bool = False) -> tuple[dict, int]:
   """The `params` of WORKDIR's latest checkpoint (host numpy arrays) and its step.
 
-  With `fall_back`, an unreadable latest checkpoint gives way to the newest readable one.
+  With `fall_back`, an unreadable latest checkpoint gives way to the newest readable one;
+  with `ema`, its EMA weights are read instead (ConfigError when it has none).
 
   Raises:
     MissingFileError: the workdir has no checkpoint.
@@ -107,7 +108,8 @@ def restore_params(workdir: str, fall_back: bool = False) -> tuple[dict, int]:
     if checkpointer.latest_step() is None:
       raise errors.MissingFileError(f'No checkpoint in {checkpointer.directory}: train first, '
                                     'or give the workdir of a trained run.')
-    return checkpointer.restore_params(fall_back=fall_back)
+    return checkpointer.restore_params(fall_back=fall_back,
+                                       item='ema_params' if ema else 'params')
 
 
 def _read_groups(items: dict) -> list[list[str]]:
@@ -257,15 +259,24 @@ class Checkpointer:
     written by a model of another shape is refused with the first mismatched parameters
     named. One that cannot be read is reported in one line; with `fall_back` the next
     older one is tried, with `move_aside` (training) it is renamed `unreadable-STEP`.
+    The EMA weights ('ema_params') are left out of the result when the checkpoint has none
+    (EMA turned on since), and read but dropped when `abstract_state` has none.
     """
     def read(step):
       self._check_shapes(step, abstract_state)
-      return self._manager.restore(step, args=ocp.args.StandardRestore(abstract_state))
+      stored = set(dict(self._manager.item_metadata(step)))
+      target = {key: value for key, value in abstract_state.items() if key in stored}
+      if 'ema_params' in stored and 'ema_params' not in target:
+        target['ema_params'] = abstract_state['params']  # Orbax reads all the stored keys.
+      state = self._manager.restore(step, args=ocp.args.StandardRestore(target))
+      return {key: value for key, value in state.items() if key in abstract_state}
     return self._first_readable(read, step, fall_back, move_aside)
 
   def restore_params(self, step: int | None = None, *, fall_back: bool = False,
-                     abstract_params=None) -> tuple[Any, int]:
+                     abstract_params=None, item: str = 'params') -> tuple[Any, int]:
     """(params, step) of a checkpoint; only the params are read (no optimizer state).
+
+    `item='ema_params'` reads the EMA weights instead (a run with config.ema_decay > 0).
 
     Without `abstract_params`: host numpy arrays, whatever the model's shapes. With it (a
     tree of ShapeDtypeStructs with shardings): arrays placed straight into its shardings,
@@ -273,7 +284,12 @@ class Checkpointer:
     at a time (`_READ_GROUPS`), so that reading takes little memory beyond the params.
     """
     def read(step):
-      stored = weights.flatten_params(dict(self._manager.item_metadata(step))['params'])
+      metadata = dict(self._manager.item_metadata(step))
+      if item not in metadata:
+        raise errors.ConfigError(f'The checkpoint at step {step} in {self.directory} has no EMA '
+                                 'weights: the run was trained with config.ema_decay=0; read '
+                                 'its weights without asking for the EMA.')
+      stored = weights.flatten_params(metadata[item])
       if abstract_params is None:
         items = {name: jax.ShapeDtypeStruct(m.shape, m.dtype) for name, m in stored.items()}
         restore_args = {name: ocp.RestoreArgs(restore_type=np.ndarray) for name in stored}
@@ -287,11 +303,11 @@ class Checkpointer:
       with ocp.PyTreeCheckpointer() as reader:
         for names in _read_groups(items):
           part = reader.restore(path, args=ocp.args.PyTreeRestore(
-              {'params': weights.unflatten_params({name: items[name] for name in names})},
-              restore_args={'params': weights.unflatten_params(
+              {item: weights.unflatten_params({name: items[name] for name in names})},
+              restore_args={item: weights.unflatten_params(
                   {name: restore_args[name] for name in names})},
               partial_restore=True))
-          params.update(weights.flatten_params(part['params']))
+          params.update(weights.flatten_params(part[item]))
       return weights.unflatten_params(params)
     step, params = self._first_readable(read, step, fall_back, move_aside=False)
     return params, step

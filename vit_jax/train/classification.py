@@ -9,10 +9,14 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from vit_jax import errors, files, progress, weights
+from vit_jax import errors, evaluation, files, progress, weights
 from vit_jax.data import class_names, images
-from vit_jax.train import checkpointing, config as config_lib, task
+from vit_jax.train import checkpointing, config as config_lib, losses, task
 from vit_jax.train.losses import cross_entropy
+
+DISTILLATIONS = ('none', 'hard', 'soft')
+# The heads whose logits a DeiT's evaluation reports beside their mean (metric names).
+_DEIT_HEADS = {'head': 'class_head', 'head_dist': 'distillation_head'}
 
 
 def read_weights(path: str, role: str = 'config.pretrained', fall_back: bool = False) -> dict:
@@ -52,14 +56,16 @@ class ClassificationTask(task.BatchedTask):
       class_names.save(workdir, self.data.class_names)  # For trainer=predict.
     self.model = config_lib.build_model(config.model, num_classes=self.data.num_classes)
     self.distilled = self.model.classifier == 'token_distill'
+    check_distillation(config, self.distilled)
     self.teacher = None
     self._teacher_params = None
-    if config.get('teacher'):
-      if not self.distilled:
-        raise errors.ConfigError(f"config.teacher is set but model {config.model.name} has no "
-                                 "distillation head; use a DeiT model "
-                                 "(classifier='token_distill').")
+    if config.teacher:
       self.teacher, self._teacher_params = self._load_teacher(config.teacher)
+    self.evaluators = evaluation.build(evaluation.names_of(config.evals), config.data,
+                                       config.fewshot, self.data.num_classes)
+    features = self.model.clone(num_classes=0)  # Pooled pre-logits features.
+    self._logits = jax.jit(lambda params, images: self.model.apply({'params': params}, images))
+    self._features = jax.jit(lambda params, images: features.apply({'params': params}, images))
 
   def _dummy_images(self):
     return jnp.zeros((1, *self.data.image_shape), jnp.float32)
@@ -112,32 +118,94 @@ class ClassificationTask(task.BatchedTask):
   def loss(self, params, batch, rng, frozen):
     output = self.model.apply({'params': params}, batch['image'], train=True,
                               rngs={'dropout': rng})
-    smoothing = self.config.label_smoothing
     if not self.distilled:
-      return jnp.mean(cross_entropy(output, batch['label'], smoothing)), {}
+      return jnp.mean(cross_entropy(output, batch['label'], self.config.label_smoothing)), {}
     logits, logits_dist = output
-    if self.teacher is None:
-      dist_labels = batch['label']
-    else:  # Hard distillation: the teacher's top class is the distillation label.
-      teacher_logits = self.teacher.apply({'params': frozen}, batch['image'])
-      dist_labels = jnp.argmax(jax.lax.stop_gradient(teacher_logits), axis=-1)
-    class_loss = jnp.mean(cross_entropy(logits, batch['label'], smoothing))
-    dist_loss = jnp.mean(cross_entropy(logits_dist, dist_labels, smoothing))
-    return (class_loss + dist_loss) / 2, {'class_loss': class_loss, 'dist_loss': dist_loss}
+    class_loss = jnp.mean(cross_entropy(logits, batch['label'], self.config.label_smoothing))
+    dist_loss = jnp.mean(self._distillation_loss(logits_dist, batch, frozen))
+    weight = self.config.distillation_weight
+    return ((1 - weight) * class_loss + weight * dist_loss,
+            {'class_loss': class_loss, 'dist_loss': dist_loss})
+
+  def _distillation_loss(self, logits_dist, batch, frozen):
+    """Per example: the distillation token's loss against its target (`config.distillation`)."""
+    if self.config.distillation == 'none':  # The labels, as for the class token.
+      return cross_entropy(logits_dist, batch['label'], self.config.label_smoothing)
+    teacher_logits = jax.lax.stop_gradient(
+        self.teacher.apply({'params': frozen}, batch['image']))
+    if self.config.distillation == 'hard':  # The teacher's top class, not smoothed (DeiT).
+      return cross_entropy(logits_dist, jnp.argmax(teacher_logits, axis=-1))
+    return losses.soft_distillation(logits_dist, teacher_logits,
+                                    self.config.distillation_temperature)
+
+  def _eval_logits(self, params, images) -> tuple[jax.Array, dict]:
+    """The model's logits and, for a DeiT, each head's (metric name -> logits)."""
+    if not self.distilled:
+      return self.model.apply({'params': params}, images), {}
+    logits, state = self.model.apply(
+        {'params': params}, images,
+        capture_intermediates=lambda module, _: module.name in _DEIT_HEADS)
+    captured = state['intermediates']
+    return logits, {name: captured[head]['__call__'][0].astype(jnp.float32)
+                    for head, name in _DEIT_HEADS.items()}
 
   def eval_sums(self, params, batch):
-    logits = self.model.apply({'params': params}, batch['image'])
+    logits, heads = self._eval_logits(params, batch['image'])
     mask = batch['mask']
+
+    def correct(head_logits):
+      return jnp.sum((jnp.argmax(head_logits, -1) == batch['label']) * mask)
     return {'loss': jnp.sum(cross_entropy(logits, batch['label']) * mask),
-            'correct': jnp.sum((jnp.argmax(logits, -1) == batch['label']) * mask),
-            'count': jnp.sum(mask)}
+            'correct': correct(logits), 'count': jnp.sum(mask),
+            **{f'correct_{name}': correct(head_logits) for name, head_logits in heads.items()}}
 
   def eval_summary(self, sums):
+    """Accuracy (a DeiT's: of its heads' mean, as DeiT reports), loss, examples; heads'."""
     count = float(sums['count'])
+    heads = {f'{key[len("correct_"):]}_accuracy': float(value) / count
+             for key, value in sums.items() if key.startswith('correct_')}
     return {'accuracy': float(sums['correct']) / count, 'loss': float(sums['loss']) / count,
-            'num_examples': count}
+            'num_examples': count, **heads}
 
-  def extra_eval(self, params) -> dict:
-    del params
-    return {}
+  def extra_eval(self, params, mesh) -> dict:
+    """The figures of `config.evals` (other datasets, few-shot probes)."""
+    if not self.evaluators:
+      return {}
+    return evaluation.run(self.evaluators, lambda images: self._logits(params, images),
+                          lambda images: self._features(params, images), mesh,
+                          self.local_eval_batch_size)
 
+
+
+def check_distillation(config: ml_collections.ConfigDict, distilled: bool):
+  """One-line errors for distillation settings that do not fit together or the model."""
+  mode, weight = config.distillation, config.distillation_weight
+  temperature = config.distillation_temperature
+  if mode not in DISTILLATIONS:
+    raise errors.ConfigError(f'Unknown config.distillation={mode!r}; choose one of '
+                             f'{DISTILLATIONS}.')
+  if not distilled:
+    set_fields = [name for name, is_set in (
+        ('config.teacher', bool(config.teacher)), ('config.distillation', mode != 'none'),
+        ('config.distillation_weight', weight != 0.5),
+        ('config.distillation_temperature', temperature != 1.0)) if is_set]
+    if set_fields:
+      raise errors.ConfigError(f'{", ".join(set_fields)} is set but model {config.model.name} '
+                               "has no distillation head; use a DeiT model "
+                               "(classifier='token_distill').")
+    return
+  if config.teacher and mode == 'none':
+    raise errors.ConfigError(f"config.teacher={config.teacher!r} is set but "
+                             "config.distillation='none' trains the distillation token on the "
+                             "labels: set --config.distillation=hard (DeiT's choice) or soft.")
+  if mode != 'none' and not config.teacher:
+    raise errors.ConfigError(f'config.distillation={mode!r} needs a teacher: set '
+                             '--config.teacher to its workdir or .npz.')
+  if not 0 <= weight <= 1:
+    raise errors.ConfigError(f'config.distillation_weight={weight} must be in [0, 1] (the '
+                             "distillation token's share of the loss).")
+  if temperature <= 0:
+    raise errors.ConfigError(f'config.distillation_temperature={temperature} must be > 0.')
+  if temperature != 1.0 and mode != 'soft':
+    raise errors.ConfigError(f'config.distillation_temperature={temperature} applies to '
+                             f"distillation='soft' only, but it is {mode!r}: leave it at 1.")

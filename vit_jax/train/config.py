@@ -10,7 +10,7 @@ import os
 import ml_collections
 from ml_collections import config_dict
 
-from vit_jax import errors, models, progress
+from vit_jax import errors, evaluation, models, progress
 from vit_jax.data import images, text_config
 from vit_jax.models import registry
 from vit_jax.train import optim
@@ -108,6 +108,11 @@ def _common_config(task: str, model: str) -> ml_collections.ConfigDict:
   # one instead. (Training always resumes from the newest readable one.)
   config.checkpoint_fallback = False
   config.visualize = visualize_config()  # trainer=visualize: inputs, layer, output directory.
+  # Keep an exponential moving average of the weights with this decay (e.g. 0.9999; 0: none),
+  # checkpointed with the state and evaluated beside the weights ('ema_' figures).
+  config.ema_decay = 0.0
+  config.ema_warmup = True  # Decay min(ema_decay, (1 + step) / (10 + step)): early steps count.
+  config.use_ema = False  # predict, translate, visualize: use the checkpoint's EMA weights.
   return config
 
 
@@ -120,10 +125,20 @@ def classification_config(model: str = 'ViT-B_16') -> ml_collections.ConfigDict:
   config.label_smoothing = 0.0  # Label smoothing of the cross-entropy targets.
   config.pretrained = ''  # Weights to start from: a published .npz or a vit_jax workdir.
   config.reinit_head = False  # Re-initialise the head even when the class count matches.
-  config.teacher = ''  # DeiT: a teacher's vit_jax workdir or .npz (hard distillation).
+  config.teacher = ''  # DeiT: a teacher's vit_jax workdir or .npz (see `distillation`).
   config.teacher_model = ''  # DeiT: the teacher's model name when `teacher` is a .npz.
+  # DeiT: the distillation token's target: 'none' (the labels, like the class token), 'hard'
+  # (the teacher's top class, not smoothed) or 'soft' (the teacher's softened outputs).
+  config.distillation = 'none'
+  # DeiT: lambda in loss = (1 - lambda) class-token loss + lambda distillation-token loss.
+  config.distillation_weight = 0.5
+  config.distillation_temperature = 1.0  # 'soft': tau of both softmaxes; the KL is x tau^2.
   config.log_every = 50  # Steps between progress lines (and NaN checks).
   config.eval_every = 1000  # Steps between evaluations (0: only at the end).
+  # Evaluations beside the test split, at each evaluation: a tuple of names from
+  # vit_jax.evaluation.EVALS ('imagenet2012_real', 'imagenet_v2', 'imagenet_a', 'fewshot', ...).
+  config.evals = ()
+  config.fewshot = evaluation.fewshot_config()  # evals 'fewshot': dataset, splits, shots, l2.
   config.checkpoint_every = 1000  # Steps between checkpoints (0: only at the end).
   config.predict = predict_config()  # trainer=predict: image files, top-k, JSON output.
   return config
@@ -184,8 +199,9 @@ def from_saved(saved: dict, source: str) -> ml_collections.ConfigDict:
 
   So every field keeps its type (and can be overridden on the command line), and fields
   added since the run was saved take their defaults. Older names are carried over:
-  `mixed_precision=True` became `model.dtype='bfloat16'`, `model.matmul` became `matmul`, and
-  the images' old default `data.shuffle_buffer=10000` became 0 (a new order each epoch).
+  `mixed_precision=True` became `model.dtype='bfloat16'`, `model.matmul` became `matmul`, the
+  images' old default `data.shuffle_buffer=10000` became 0 (a new order each epoch), and a
+  `teacher` without `distillation` means 'hard'.
   """
   saved = dict(saved)
   task = saved.get('task')
@@ -196,6 +212,8 @@ def from_saved(saved: dict, source: str) -> ml_collections.ConfigDict:
   config = _TASK_CONFIGS[task](model)
   if saved.pop('mixed_precision', False):
     saved.setdefault('model', {})['dtype'] = 'bfloat16'
+  if task == 'classification' and saved.get('teacher') and 'distillation' not in saved:
+    saved['distillation'] = 'hard'  # Before 'distillation' existed, a teacher meant 'hard'.
   if task == 'classification' and saved.get('data', {}).get('shuffle_buffer') == 10_000:
     saved['data'] = {**saved['data'], 'shuffle_buffer': 0}  # The old default: a buffer.
   if 'matmul' in saved.get('model', {}):

@@ -139,12 +139,17 @@ def _check_config_file(argv: list[str]):
     raise errors.ConfigError(f'--config={spec}: the config file {path} does not exist.{listing}')
 
 
+# The config's tuples of names; all its other tuples hold numbers.
+_NAME_TUPLES = ('config.evals',)
+
+
 def check_values(config: ml_collections.ConfigDict, prefix: str = 'config'):
-  """Tuples of the config hold numbers: a tuple override of words was a typo."""
+  """Tuples of the config hold numbers (but `_NAME_TUPLES`): a tuple of words was a typo."""
   for key, value in config.items():
     if isinstance(value, ml_collections.ConfigDict):
       check_values(value, f'{prefix}.{key}')
-    elif isinstance(value, tuple) and any(isinstance(v, str) for v in value):
+    elif (isinstance(value, tuple) and any(isinstance(v, str) for v in value)
+          and f'{prefix}.{key}' not in _NAME_TUPLES):
       raise errors.ConfigError(f'--{prefix}.{key}={",".join(map(str, value))}: expected a tuple '
                                "of numbers such as '(2, 2)'.")
 

@@ -21,9 +21,11 @@ import optax
 from vit_jax import errors, progress
 from vit_jax.models import partitioning
 from vit_jax.train import checkpointing, config as config_lib, mesh as mesh_lib
-from vit_jax.train import distributed, metrics as metrics_lib, optim, preemption
+from vit_jax.train import distributed, ema as ema_lib, metrics as metrics_lib, optim, preemption
 
-State = dict[str, Any]  # {'step', 'params', 'opt_state', 'rng'}
+# {'step', 'params', 'opt_state', 'rng'}, and 'ema_params' (an average of 'params') with
+# config.ema_decay > 0.
+State = dict[str, Any]
 
 
 class Task(Protocol):
@@ -55,8 +57,8 @@ class Task(Protocol):
   def eval_summary(self, sums: dict) -> dict:
     """Turns summed eval metrics into the figures to report."""
 
-  def extra_eval(self, params: Any) -> dict:
-    """Figures beyond per-batch sums (e.g. BLEU of decoded text), or {}."""
+  def extra_eval(self, params: Any, mesh) -> dict:
+    """Figures beyond per-batch sums (BLEU of decoded text, other datasets), or {}."""
 
   def train_batches(self, start_step: int) -> Iterator[dict]:
     """This process's training batches (numpy), forever, from batch `start_step` on."""
@@ -72,23 +74,26 @@ class TrainingDiverged(RuntimeError):
   """The loss became NaN or infinite."""
 
 
-def _init_state(task: Task, tx: optax.GradientTransformation, rng: jax.Array) -> State:
+def _init_state(task: Task, tx: optax.GradientTransformation, rng: jax.Array,
+                with_ema: bool) -> State:
   params_rng, train_rng = jax.random.split(rng)
   params = task.init_params(params_rng)
-  return {'step': jnp.zeros((), jnp.int32), 'params': params,
-          'opt_state': tx.init(params), 'rng': train_rng}
+  state = {'step': jnp.zeros((), jnp.int32), 'params': params,
+           'opt_state': tx.init(params), 'rng': train_rng}
+  return {**state, 'ema_params': params} if with_ema else state
 
 
 def abstract_state(task: Task, tx: optax.GradientTransformation, mesh,
                    config: ml_collections.ConfigDict) -> tuple[State, State]:
   """Shapes of the train state, and its shardings on `mesh`."""
   with partitioning.boxed():  # Params and optimizer state carry their logical axis names.
-    boxed = jax.eval_shape(lambda r: _init_state(task, tx, r), jax.random.PRNGKey(config.seed))
+    boxed = jax.eval_shape(lambda r: _init_state(task, tx, r, bool(config.ema_decay)),
+                           jax.random.PRNGKey(config.seed))
   replicated = mesh_lib.replicated(mesh)
-  shardings = {'step': replicated, 'rng': replicated,
-               'params': mesh_lib.tree_shardings(boxed['params'], mesh, config.fsdp_min_size),
-               'opt_state': mesh_lib.tree_shardings(boxed['opt_state'], mesh,
-                                                    config.fsdp_min_size)}
+  shardings = {'step': replicated, 'rng': replicated}
+  for key in ('params', 'ema_params', 'opt_state'):  # Params first: their errors name them.
+    if key in boxed:
+      shardings[key] = mesh_lib.tree_shardings(boxed[key], mesh, config.fsdp_min_size)
   shapes = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                         nn.meta.unbox(boxed), shardings)
   return shapes, shardings
@@ -103,8 +108,12 @@ def _split_microbatches(batch: dict, accum_steps: int) -> dict:
 
 
 def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: Callable,
-                    accum_steps: int) -> Callable[[State, dict, Any], tuple[State, dict]]:
-  """One optimizer update from one global batch, accumulating over microbatches."""
+                    accum_steps: int, ema_decay: float = 0.0, ema_warmup: bool = True
+                    ) -> Callable[[State, dict, Any], tuple[State, dict]]:
+  """One optimizer update from one global batch, accumulating over microbatches.
+
+  With `ema_decay`, the state's 'ema_params' follow the new params (`vit_jax.train.ema`).
+  """
 
   def train_step(state: State, batch: dict, frozen: Any) -> tuple[State, dict]:
     grad_fn = jax.value_and_grad(lambda p, b, r: task.loss(p, b, r, frozen), has_aux=True)
@@ -132,8 +141,12 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: Call
     params = optax.apply_updates(state['params'], updates)
     metrics = {**metrics, 'loss': loss, 'grad_norm': optax.global_norm(grads),
                'learning_rate': schedule(state['step'])}
-    return {'step': state['step'] + 1, 'params': params, 'opt_state': opt_state,
-            'rng': state['rng']}, metrics
+    step = state['step'] + 1
+    new_state = {'step': step, 'params': params, 'opt_state': opt_state, 'rng': state['rng']}
+    if ema_decay:
+      new_state['ema_params'] = ema_lib.update(state['ema_params'], params, step, ema_decay,
+                                               ema_warmup)
+    return new_state, metrics
 
   return train_step
 
@@ -181,7 +194,22 @@ def evaluate_params(task: Task, params: Any, mesh, eval_sums: Callable) -> dict:
       phase.advance()
   if totals is None:
     raise errors.ConfigError('The test split is empty: there is nothing to evaluate.')
-  return {**task.eval_summary(jax.device_get(totals)), **task.extra_eval(params)}
+  return {**task.eval_summary(jax.device_get(totals)), **task.extra_eval(params, mesh)}
+
+
+def evaluate_state(task: Task, state: dict, mesh, eval_sums: Callable) -> dict:
+  """`evaluate_params` of the state's params and, beside them, of its EMA ('ema_' figures)."""
+  results = evaluate_params(task, state['params'], mesh, eval_sums)
+  if 'ema_params' in state:
+    ema = evaluate_params(task, state['ema_params'], mesh, eval_sums)
+    results.update({f'ema_{key}': value for key, value in ema.items()
+                    if key != 'num_examples'})
+  return results
+
+
+def _copy(tree, shardings):
+  """New device buffers holding `tree`'s values (the EMA's start), in `shardings`."""
+  return jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=shardings)(tree)
 
 
 def _first_nonfinite(pending: list[tuple[int, dict]]) -> int | None:
@@ -220,9 +248,13 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
     start_step, state = checkpointer.restore(target, move_aside=True)
     if start_step >= config.total_steps:
       checkpointer.close()
-      return _finished(config, workdir, task, start_step, mesh, state['params'])
+      return _finished(config, workdir, task, start_step, mesh, state)
     progress.log(f'Resumed from the checkpoint at step {start_step} in '
                  f'{checkpointer.directory}.')
+    if config.ema_decay and 'ema_params' not in state:
+      progress.log(f'The checkpoint at step {start_step} has no EMA weights '
+                   f'(config.ema_decay was 0): the average starts from its weights.')
+      state['ema_params'] = _copy(state['params'], shardings['params'])
   else:
     start_step = 0
     params_rng, train_rng = jax.random.split(rng)
@@ -234,12 +266,15 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
     opt_state = jax.jit(tx.init, out_shardings=shardings['opt_state'])(params)
     state = {'step': jnp.zeros((), jnp.int32), 'params': params, 'opt_state': opt_state,
              'rng': train_rng}
+    if config.ema_decay:
+      state['ema_params'] = _copy(params, shardings['params'])
     state = jax.device_put(state, shardings)
 
   frozen = task.frozen_params()  # A teacher's params (host): FSDP-split like the model's.
   frozen_shardings = mesh_lib.tree_shardings(frozen, mesh, config.fsdp_min_size)
   frozen = mesh_lib.from_host(frozen, frozen_shardings)
-  train_step = jax.jit(make_train_step(task, tx, schedule, config.accum_steps),
+  train_step = jax.jit(make_train_step(task, tx, schedule, config.accum_steps,
+                                       config.ema_decay, config.ema_warmup),
                        in_shardings=(shardings, mesh_lib.batch_sharding(mesh),
                                      frozen_shardings),
                        out_shardings=(shardings, mesh_lib.replicated(mesh)),
@@ -251,6 +286,8 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   mesh_desc = ', '.join(f'{axis} {size}' for axis, size in mesh.shape.items())
   num_params = sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(target['params']))
   progress.log(f'Model {config_lib.describe_model(config.model)}: {num_params:,} parameters.')
+  if config.optimizer.layer_decay != 1:
+    progress.log(optim.describe_layer_decay(target['params'], config.optimizer.layer_decay))
   progress.log(f'Training {config.total_steps} steps of batch {config.batch_size} on '
                f'{mesh.size} device(s) ({jax.devices()[0].platform}; mesh {mesh_desc}), '
                f'from step {start_step}; workdir {workdir}.')
@@ -314,7 +351,7 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
           f'{_memory(stats)}  ETA {progress.format_duration(stats["eta"])}')
       pending = []
     if do_eval:
-      last_eval = evaluate_params(task, state['params'], mesh, eval_sums)
+      last_eval = evaluate_state(task, state, mesh, eval_sums)
       writer.write(step, 'test', last_eval)
       progress.log(f'eval at step {step}: ' + '  '.join(
           f'{k} {v:.4f}' for k, v in last_eval.items()))
@@ -331,7 +368,7 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
   return last_eval
 
 
-def _finished(config, workdir: str, task: Task, step: int, mesh, params) -> dict:
+def _finished(config, workdir: str, task: Task, step: int, mesh, state) -> dict:
   """A rerun of a finished run: says so, and returns its evaluation at `step`."""
   progress.log(f'{workdir} has finished: its latest checkpoint is at step {step} of '
                f'config.total_steps={config.total_steps}. Raise --config.total_steps to train '
@@ -342,11 +379,11 @@ def _finished(config, workdir: str, task: Task, step: int, mesh, params) -> dict
       progress.log(f'eval at step {step}: ' + '  '.join(f'{k} {v:.4f}'
                                                         for k, v in results.items()))
       return results
-  return _evaluate_and_write(workdir, task, params, step, mesh)
+  return _evaluate_and_write(workdir, task, state, step, mesh)
 
 
-def _evaluate_and_write(workdir: str, task: Task, params, step: int, mesh) -> dict:
-  results = evaluate_params(task, params, mesh, jax.jit(task.eval_sums))
+def _evaluate_and_write(workdir: str, task: Task, state: dict, step: int, mesh) -> dict:
+  results = evaluate_state(task, state, mesh, jax.jit(task.eval_sums))
   writer = metrics_lib.MetricWriter(workdir)
   writer.write(step, 'test', results)
   writer.close()
@@ -356,7 +393,7 @@ def _evaluate_and_write(workdir: str, task: Task, params, step: int, mesh) -> di
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
-  """Evaluates the latest checkpoint in WORKDIR on the test split."""
+  """Evaluates the latest checkpoint in WORKDIR on the test split (and its EMA weights)."""
   mesh = mesh_lib.make_mesh(config.mesh_shape)
   mesh_lib.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
   with checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints) as checkpointer:
@@ -365,6 +402,9 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dic
                                     'train first, or point --workdir at a trained run.')
     tx, _ = optim.make_optimizer(config.optimizer, config.total_steps)
     target, _ = abstract_state(task, tx, mesh, config)
-    params, step = checkpointer.restore_params(fall_back=config.checkpoint_fallback,
-                                               abstract_params=target['params'])
-  return _evaluate_and_write(workdir, task, params, step, mesh)
+    state, step = {}, None
+    for key in ('params', 'ema_params') if config.ema_decay else ('params',):
+      state[key], step = checkpointer.restore_params(
+          step, fall_back=config.checkpoint_fallback, abstract_params=target['params'],
+          item=key)
+  return _evaluate_and_write(workdir, task, state, step, mesh)

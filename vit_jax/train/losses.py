@@ -23,3 +23,16 @@ def cross_entropy(logits: jax.Array, labels: jax.Array, label_smoothing: float =
   if label_smoothing:
     loss = loss + label_smoothing * (label_logit - jnp.mean(logits, axis=-1))
   return loss
+
+
+def soft_distillation(student_logits: jax.Array, teacher_logits: jax.Array,
+                      temperature: float) -> jax.Array:
+  """tau^2 KL(softmax(teacher / tau) || softmax(student / tau)) per row (DeiT, eq. 2).
+
+  As the DeiT paper writes it: summed over the classes, per example. (DeiT's code divides
+  its batch sum by batch x classes, which is this divided by the number of classes.)
+  """
+  teacher = jax.nn.log_softmax(teacher_logits.astype(jnp.float32) / temperature, axis=-1)
+  student = jax.nn.log_softmax(student_logits.astype(jnp.float32) / temperature, axis=-1)
+  kl = jnp.sum(jnp.exp(teacher) * (teacher - student), axis=-1)
+  return temperature**2 * kl

@@ -78,9 +78,12 @@ def load_model_and_params(config: ml_collections.ConfigDict, workdir: str | None
   if workdir is not None:
     with checkpointing.Checkpointer(workdir) as checkpointer:
       if checkpointer.latest_step() is not None:
-        params, step = checkpointer.restore_params(fall_back=config.checkpoint_fallback)
+        params, step = checkpointer.restore_params(
+            fall_back=config.checkpoint_fallback,
+            item='ema_params' if config.use_ema else 'params')
         model = config_lib.build_model(config.model, num_classes=_num_classes(params))
-        return model, params, f'{checkpointer.directory} at step {step}'
+        ema = ' (EMA weights)' if config.use_ema else ''
+        return model, params, f'{checkpointer.directory} at step {step}{ema}'
   if not config.get('pretrained'):
     where = f'No checkpoint in {files.join(workdir, "checkpoints")} and no' if workdir else 'No'
     raise errors.MissingFileError(
@@ -88,6 +91,10 @@ def load_model_and_params(config: ml_collections.ConfigDict, workdir: str | None
         'pass published weights with --config.pretrained=FILE.npz (and the model with '
         '--config=configs/vit.py:MODEL,DATASET).')
   path = config.pretrained
+  if config.use_ema:
+    raise errors.ConfigError(f'config.use_ema reads the EMA weights of a checkpoint in '
+                             f'--workdir, which has none; config.pretrained={path!r} is read '
+                             'as it is: leave use_ema False.')
   source = classification.read_weights(path, fall_back=config.checkpoint_fallback)
   model = config_lib.build_model(config.model, num_classes=_num_classes(source))
   init = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, *image_shape))))

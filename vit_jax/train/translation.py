@@ -136,13 +136,14 @@ class TranslationTask(task.BatchedTask):
     return {'loss': float(sums['loss']) / tokens,
             'token_accuracy': float(sums['correct_tokens']) / tokens}
 
-  def extra_eval(self, params) -> dict:
+  def extra_eval(self, params, mesh) -> dict:
     """BLEU and exact match of the decoded test sources, and how many were decoded.
 
     Scores the first `num_eval_decode` test sentences of the whole split (0: all). Each
     process decodes the ones in its share on one of its devices; hypotheses and references
     are gathered, so every process reports the figures of the whole set.
     """
+    del mesh  # Each process decodes on one of its own devices.
     pairs = self.data.eval_texts()
     if self.config.num_eval_decode:
       pairs = pairs[:distributed.first_n_share(len(pairs), self.config.num_eval_decode)]
@@ -172,7 +173,7 @@ def translate(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   """Translates lines from `config.input_file` or stdin to stdout with the latest checkpoint."""
   tokenizer = vocabulary.load_tokenizer(config.data, workdir)
   model = config_lib.build_model(config.model, vocab_size=tokenizer.vocab_size)
-  params, _ = checkpointing.restore_params(workdir, config.checkpoint_fallback)
+  params, _ = checkpointing.restore_params(workdir, config.checkpoint_fallback, config.use_ema)
   outputs = Translator(model, params, tokenizer, config).translate(list(_read_lines(config)))
   for line in outputs:
     print(line)

@@ -68,7 +68,7 @@ def _cross_attention(config, workdir: str, output_dir: str) -> list[str]:
     sentences = [source for source, _ in pairs[:config.visualize.num_examples]]
   tokenizer = vocabulary.load_tokenizer(config.data, workdir)
   model = train_config.build_model(config.model, vocab_size=tokenizer.vocab_size)
-  params, _ = checkpointing.restore_params(workdir, config.checkpoint_fallback)
+  params, _ = checkpointing.restore_params(workdir, config.checkpoint_fallback, config.use_ema)
   translator = translation.Translator(model, params, tokenizer, config)
   inputs, outputs = translator.translate_ids(sentences)
   weights = visualize.cross_attention(model, params, inputs, outputs)  # (L, B, N, T, S)

@@ -33,15 +33,20 @@ def file_format(path: str) -> str:
   return FORMATS[extension]
 
 
-def read_published(path: str, *, model: str | None = None,
-                   fall_back: bool = False) -> FlatParams:
+def read_published(path: str, *, model: str | None = None, fall_back: bool = False,
+                   ema: bool = False) -> FlatParams:
   """Any supported file -> flat params in the published layout (canonical names).
 
-  `fall_back`: a workdir's newest readable checkpoint when its latest cannot be read.
+  `fall_back`: a workdir's newest readable checkpoint when its latest cannot be read;
+  `ema`: a workdir's EMA weights.
   """
   kind = file_format(path)
+  if ema and kind != 'orbax':
+    raise errors.ConfigError(f'{path} is a .{kind} file, which holds one set of weights: EMA '
+                             'weights are read from the workdir of a run with '
+                             'config.ema_decay > 0.')
   if kind == 'orbax':
-    return canonicalize(read_orbax(path, fall_back))
+    return canonicalize(read_orbax(path, fall_back, ema))
   if kind == 'npz':
     return canonicalize(load_npz(path))
   state_dict = load_safetensors(path)
@@ -83,13 +88,16 @@ def check_against_model(flat: FlatParams, name: str) -> None:
 
 
 def convert_file(src: str, dst: str, *, model: str | None = None,
-                 overwrite: bool = False, fall_back: bool = False) -> None:
-  """Converts SRC to DST (formats from the extensions); DST is written all or nothing."""
+                 overwrite: bool = False, fall_back: bool = False, ema: bool = False) -> None:
+  """Converts SRC to DST (formats from the extensions); DST is written all or nothing.
+
+  `ema`: SRC is a workdir whose EMA weights are converted.
+  """
   dst_format = file_format(dst)
   file_format(src)
   if files.exists(dst) and not overwrite:
     raise FileExistsError(f'{dst} already exists; pass --overwrite to replace it.')
-  flat = read_published(src, model=model, fall_back=fall_back)
+  flat = read_published(src, model=model, fall_back=fall_back, ema=ema)
   if model is not None:
     check_against_model(flat, model)
   if dst_format == 'npz':

@@ -104,15 +104,16 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
                               'it again.') from e
 
 
-def read_orbax(path: str, fall_back: bool = False) -> dict:
+def read_orbax(path: str, fall_back: bool = False, ema: bool = False) -> dict:
   """The params of the latest orbax checkpoint in the workdir `path` (nested, numpy).
 
-  With `fall_back`, an unreadable latest checkpoint gives way to the newest readable one.
+  With `fall_back`, an unreadable latest checkpoint gives way to the newest readable one;
+  with `ema`, its EMA weights are read (a run trained with config.ema_decay > 0).
   """
   from vit_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(os.path.join(path, 'checkpoints')):
     raise errors.ConfigError(f'{path} is not a vit_jax workdir: it has no checkpoints/ directory.')
-  return checkpointing.restore_params(path, fall_back)[0]
+  return checkpointing.restore_params(path, fall_back, ema)[0]
 
 
 def write_orbax(path: str, params: Mapping[str, Any], *, overwrite: bool = False) -> None:
