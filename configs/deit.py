@@ -1,9 +1,10 @@
-"""Train a DeiT from scratch, optionally with hard distillation from a teacher.
+"""Train a DeiT from scratch, optionally distilled from a teacher ('hard' or 'soft').
 
 python -m vit_jax.main --config=configs/deit.py:DeiT-S_16,cifar10 --workdir=runs/deit \
-    --config.teacher=runs/teacher
+    --config.teacher=runs/teacher --config.distillation=hard
 The argument is MODEL,DATASET. Defaults follow the DeiT recipe: AdamW, cosine decay,
-label smoothing, drop-path, RandAugment and mixup (CutMix is not implemented).
+label smoothing, drop-path, RandAugment and mixup (CutMix is not implemented); the
+distillation token's share of the loss is 0.5 (config.distillation_weight).
 """
 
 from vit_jax.train.config import classification_config, model_and_dataset

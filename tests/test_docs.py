@@ -74,7 +74,7 @@ RULES = [
     Rule(r'transformer_wmt\.py', NO_DOWNLOAD, offline=True,
          error=r"TFDS dataset 'wmt14_translate/de-en' is not prepared .* preparing it failed"),
     Rule(r'--config\.pretrained=gs://', TINY_IMAGES, offline=True,
-         error=r'Cannot reach gs://vit_models/imagenet21k/ViT-B_16\.npz'),
+         error=r'Cannot reach gs://vit_models/imagenet21k/\S+\.npz'),
     Rule(r'trainer=predict.*--config\.pretrained=', NARROW,
          expect=r'\.jpg\n +\d+\.\d\d%  \w'),
     Rule(r'trainer=predict', '', expect=r'\.png\n +\d+\.\d\d%  \d'),
@@ -90,6 +90,11 @@ RULES = [
          expect=r'Model ViT-Ti_16 with .*dropout_rate=0\.1.*scan_layers=True, remat=True(.|\n)*'
                 r'eval at step 4: accuracy'),
     Rule(r'configs/vit_small_images\.py', TINY_IMAGES, expect=r'eval at step 4: accuracy'),
+    # DeiT-S at its own width (the converted published file), on 32x32 images.
+    Rule(r'--config\.pretrained=DeiT-S_16\.npz', f'{TINY_DIGITS} --config.data.image_size=32 '
+         '--config.batch_size=8 --config.eval_batch_size=8',
+         expect=r'Distilling from teacher(.|\n)*eval at step 4: accuracy .*ema_accuracy .*'
+                r'ema_distillation_head_accuracy'),
     Rule(r'configs/(vit|deit)\.py', TINY_IMAGES, expect=r'eval at step 4: accuracy'),
     Rule(r'configs/vit_digits\.py', TINY_DIGITS,
          expect=r'eval at step 4: accuracy|has finished: its latest checkpoint is at step 4'),
@@ -252,6 +257,18 @@ def _save_vit_npz(path: pathlib.Path, image_size: int = 224, **narrow):
 NARROW_FIELDS = dict(hidden_size=32, mlp_dim=64, num_heads=2, num_layers=1)
 
 
+def _save_timm_deit_s(path: pathlib.Path):
+  """A random DeiT-S/16 in timm's layout, as `deit_small_distilled_patch16_224` is published."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from vit_jax import models, weights  # pylint: disable=g-import-not-at-top
+  model = models.get_model('DeiT-S_16', num_classes=1000)
+  shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), np.zeros((1, 224, 224, 3))))
+  rng = np.random.default_rng(0)
+  params = jax.tree.map(lambda s: rng.normal(0, 0.02, s.shape).astype(np.float32),
+                        shapes['params'])
+  weights.save_safetensors(path, weights.to_timm(weights.canonicalize(params)))
+
+
 def _images(folder: pathlib.Path, count: int, suffix: str, size=(20, 16), gray=False):
   folder.mkdir(parents=True, exist_ok=True)
   rng = np.random.default_rng(len(str(folder)))
@@ -335,7 +352,10 @@ def _prepare(command: str, cwd: pathlib.Path, env: dict):
       setup = _run(f'python -m vit_jax.main --config={config} --workdir={workdir} '
                    f'{_rule(config).append}', cwd, env)
       assert setup.returncode == 0, setup.stderr
-  if '--config.teacher=runs/teacher' in command and missing('runs/teacher'):
+  if missing('deit_small_distilled_patch16_224.safetensors'):
+    _save_timm_deit_s(cwd / 'deit_small_distilled_patch16_224.safetensors')
+  if ('--config.teacher=runs/teacher' in command  # A failed download may have left no weights.
+      and not any((cwd / 'runs/teacher/checkpoints').glob('[0-9]*'))):
     setup = _run('python -m vit_jax.main --config=configs/vit.py:ViT-testing,cifar10 '
                  f'--workdir=runs/teacher {TINY_DIGITS} --config.data.image_size=32 '
                  '--config.batch_size=8 --config.eval_batch_size=8', cwd, env)
