@@ -21,7 +21,8 @@ import optax
 from vit_jax import errors, progress
 from vit_jax.models import partitioning
 from vit_jax.train import checkpointing, config as config_lib, mesh as mesh_lib
-from vit_jax.train import distributed, ema as ema_lib, metrics as metrics_lib, optim, preemption
+from vit_jax.train import distributed, ema as ema_lib, eval_loop, metrics as metrics_lib
+from vit_jax.train import optim, preemption
 
 # {'step', 'params', 'opt_state', 'rng'}, and 'ema_params' (an average of 'params') with
 # config.ema_decay > 0.
@@ -181,32 +182,6 @@ def _prefetch(batches: Iterator[dict], mesh, size: int = 2) -> Iterator[dict]:
     yield item
 
 
-def evaluate_params(task: Task, params: Any, mesh, eval_sums: Callable) -> dict:
-  """Runs the eval split once with the jitted `eval_sums`; one transfer at the end.
-
-  A pass that takes long prints how far it is (`progress.Phase`).
-  """
-  totals = None
-  with progress.phase('Evaluating', total=task.num_eval_batches(), unit='batches') as phase:
-    for batch in task.eval_batches():
-      sums = eval_sums(params, mesh_lib.global_batch(batch, mesh))
-      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-      phase.advance()
-  if totals is None:
-    raise errors.ConfigError('The test split is empty: there is nothing to evaluate.')
-  return {**task.eval_summary(jax.device_get(totals)), **task.extra_eval(params, mesh)}
-
-
-def evaluate_state(task: Task, state: dict, mesh, eval_sums: Callable) -> dict:
-  """`evaluate_params` of the state's params and, beside them, of its EMA ('ema_' figures)."""
-  results = evaluate_params(task, state['params'], mesh, eval_sums)
-  if 'ema_params' in state:
-    ema = evaluate_params(task, state['ema_params'], mesh, eval_sums)
-    results.update({f'ema_{key}': value for key, value in ema.items()
-                    if key != 'num_examples'})
-  return results
-
-
 def _copy(tree, shardings):
   """New device buffers holding `tree`'s values (the EMA's start), in `shardings`."""
   return jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=shardings)(tree)
@@ -351,7 +326,7 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
           f'{_memory(stats)}  ETA {progress.format_duration(stats["eta"])}')
       pending = []
     if do_eval:
-      last_eval = evaluate_state(task, state, mesh, eval_sums)
+      last_eval = eval_loop.evaluate_state(task, state, mesh, eval_sums)
       writer.write(step, 'test', last_eval)
       progress.log(f'eval at step {step}: ' + '  '.join(
           f'{k} {v:.4f}' for k, v in last_eval.items()))
@@ -383,7 +358,7 @@ def _finished(config, workdir: str, task: Task, step: int, mesh, state) -> dict:
 
 
 def _evaluate_and_write(workdir: str, task: Task, state: dict, step: int, mesh) -> dict:
-  results = evaluate_state(task, state, mesh, jax.jit(task.eval_sums))
+  results = eval_loop.evaluate_state(task, state, mesh, jax.jit(task.eval_sums))
   writer = metrics_lib.MetricWriter(workdir)
   writer.write(step, 'test', results)
   writer.close()

@@ -1,0 +1,39 @@
+"""Evaluation on the test split (and `config.evals`), of params and of a state's EMA beside them.
+
+Shared by training (each `eval_every` steps) and `trainer=evaluate` (`vit_jax.train.loop`).
+"""
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+
+from vit_jax import errors, progress
+from vit_jax.train import mesh as mesh_lib
+
+
+def evaluate_params(task, params: Any, mesh, eval_sums: Callable) -> dict:
+  """Runs the eval split once with the jitted `eval_sums` of `task` (a `loop.Task`); one
+  transfer at the end, then the task's `extra_eval`.
+
+  A pass that takes long prints how far it is (`progress.Phase`).
+  """
+  totals = None
+  with progress.phase('Evaluating', total=task.num_eval_batches(), unit='batches') as phase:
+    for batch in task.eval_batches():
+      sums = eval_sums(params, mesh_lib.global_batch(batch, mesh))
+      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+      phase.advance()
+  if totals is None:
+    raise errors.ConfigError('The test split is empty: there is nothing to evaluate.')
+  return {**task.eval_summary(jax.device_get(totals)), **task.extra_eval(params, mesh)}
+
+
+def evaluate_state(task, state: dict, mesh, eval_sums: Callable) -> dict:
+  """`evaluate_params` of the state's params and, beside them, of its EMA ('ema_' figures)."""
+  results = evaluate_params(task, state['params'], mesh, eval_sums)
+  if 'ema_params' in state:
+    ema = evaluate_params(task, state['ema_params'], mesh, eval_sums)
+    results.update({f'ema_{key}': value for key, value in ema.items()
+                    if key != 'num_examples'})
+  return results
