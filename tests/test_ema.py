@@ -45,6 +45,7 @@ def test_the_checkpointed_ema_equals_a_numpy_recurrence_over_20_steps(tmp_path):
   main.run(config, workdir)
   task = classification.ClassificationTask(config, workdir)
   params_rng, _ = jax.random.split(jax.random.PRNGKey(config.seed))
+  worst = 0.0
   average = {name: np.float64(value) for name, value in weights.flatten_params(
       jax.device_get(jax.jit(task.init_params)(params_rng))).items()}  # It starts as the init.
   with checkpointing.Checkpointer(workdir, keep=20) as checkpointer:
@@ -55,6 +56,9 @@ def test_the_checkpointed_ema_equals_a_numpy_recurrence_over_20_steps(tmp_path):
       average = {name: decay * average[name] + (1 - decay) * params[name] for name in params}
       for name, value in average.items():
         np.testing.assert_allclose(stored[name], value, rtol=1e-5, atol=1e-7, err_msg=name)
+        worst = max(worst, float(np.abs(stored[name] - value).max()))
+  print(f'EMA against the float64 numpy recurrence, steps 1-20, every parameter: max |diff| '
+        f'{worst:.1e}')
   # The average lags the weights: after 20 steps it is between the init and the weights.
   moved = np.abs(params['head/kernel']).max()
   assert 0 < np.abs(stored['head/kernel']).max() < moved
@@ -75,6 +79,8 @@ def test_the_ema_survives_a_resume_bit_for_bit(tmp_path):
       got = weights.flatten_params(b.restore_params(20, item=item)[0])
     for name in want:
       np.testing.assert_array_equal(got[name], want[name], err_msg=f'{item}/{name}')
+    print(f'{item} at step 20, resumed from step 10: {len(want)} arrays bit-equal to the '
+          'uninterrupted run')
 
 
 def test_turning_ema_on_or_off_mid_run_resumes(tmp_path):
