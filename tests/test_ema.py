@@ -154,3 +154,13 @@ def test_a_digits_run_with_fewshot_and_ema_prints_every_figure_and_converts_the_
       user_error(out.stderr))
   saved = json.loads((workdir / 'config.json').read_text())
   assert saved['ema_decay'] == 0.999
+
+
+@pytest.mark.parametrize('overrides, message', [
+    ({'ema_decay': 1.0}, r'config.ema_decay=1.0 must be in \[0, 1\)'),
+    ({'ema_decay': 0.0, 'ema_warmup': False}, 'config.ema_warmup=False applies to an EMA'),
+    ({'trainer': 'evaluate', 'use_ema': True}, "config.use_ema applies to trainer=predict/"),
+])
+def test_ema_settings_that_do_not_apply_are_one_line_errors(tmp_path, overrides, message):
+  with pytest.raises(errors.ConfigError, match=message):
+    main.run(tiny_config(**overrides), str(tmp_path))

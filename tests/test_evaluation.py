@@ -244,3 +244,12 @@ def test_names_come_as_a_tuple_a_list_or_one_comma_separated_string():
   assert evaluation.names_of(('fewshot,imagenet_v2',)) == ('fewshot', 'imagenet_v2')
   assert evaluation.names_of(['fewshot', ' imagenet_a']) == ('fewshot', 'imagenet_a')
   assert evaluation.names_of(()) == ()
+
+
+def test_fewshot_settings_without_the_fewshot_evaluation_are_an_error(tmp_path):
+  from vit_jax.train import classification, config as config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.classification_config('ViT-testing')
+  config.fewshot.shots = (2,)
+  with pytest.raises(errors.ConfigError, match="config.fewshot is set but config.evals=\\(\\) "
+                     "has no 'fewshot'"):
+    classification.ClassificationTask(config, str(tmp_path))

@@ -118,6 +118,9 @@ def run(config, workdir: str):
   if not 0 <= config.ema_decay < 1:
     raise errors.ConfigError(f'config.ema_decay={config.ema_decay} must be in [0, 1) (0: no '
                              'EMA; 0.9999 is usual).')
+  if not config.ema_decay and not config.ema_warmup:
+    raise errors.ConfigError('config.ema_warmup=False applies to an EMA, but config.ema_decay '
+                             'is 0: set --config.ema_decay (e.g. 0.9999), or leave ema_warmup.')
   from vit_jax import kernels  # pylint: disable=g-import-not-at-top
   with kernels.use(config.matmul, config.dropout_masks):
     return MODES[config.trainer](config, workdir)

@@ -61,8 +61,12 @@ class ClassificationTask(task.BatchedTask):
     self._teacher_params = None
     if config.teacher:
       self.teacher, self._teacher_params = self._load_teacher(config.teacher)
-    self.evaluators = evaluation.build(evaluation.names_of(config.evals), config.data,
-                                       config.fewshot, self.data.num_classes)
+    names = evaluation.names_of(config.evals)
+    if 'fewshot' not in names and config.fewshot.to_dict() != evaluation.fewshot_config().to_dict():
+      raise errors.ConfigError(f'config.fewshot is set but config.evals={tuple(names)} has no '
+                               "'fewshot': add it (--config.evals=fewshot), or leave "
+                               'config.fewshot as it is.')
+    self.evaluators = evaluation.build(names, config.data, config.fewshot, self.data.num_classes)
     features = self.model.clone(num_classes=0)  # Pooled pre-logits features.
     self._logits = jax.jit(lambda params, images: self.model.apply({'params': params}, images))
     self._features = jax.jit(lambda params, images: features.apply({'params': params}, images))
