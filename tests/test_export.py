@@ -1,0 +1,218 @@
+"""`python -m vit_jax.export`: StableHLO, SavedModel and ONNX artifacts equal the JAX model."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from PIL import Image
+from helpers import REPO, override, user_error
+
+from vit_jax import export, main, models, weights
+from vit_jax.export import __main__ as cli
+from vit_jax.train import checkpointing, config as config_lib, prediction
+
+WORKDIR_MODELS = {'ViT-testing': 4, 'R+ViT-testing': 1, 'DeiT-testing': 4}  # name -> patch.
+SOURCES = [*WORKDIR_MODELS, 'npz']
+BATCH_SIZES = (1, 3)
+IMAGE_SIZE = 8
+EVAL_RESIZE_RATIO = 1.25  # Preprocessing resizes to 10x10 and crops the central 8x8.
+
+
+def tiny_config(name: str):
+  config = config_lib.classification_config(name)
+  config.model.patch_size = (WORKDIR_MODELS[name],) * 2
+  return override(config, {'data.image_size': IMAGE_SIZE, 'data.eval_resize_ratio':
+                           EVAL_RESIZE_RATIO, 'batch_size': 32, 'eval_batch_size': 360,
+                           'total_steps': 2, 'optimizer.learning_rate': 0.05, 'log_every': 1,
+                           'eval_every': 0, 'checkpoint_every': 0})
+
+
+@pytest.fixture(scope='module')
+def sources(tmp_path_factory):
+  """name -> (path, reference JAX model, its params, model name) for each SOURCE."""
+  root = tmp_path_factory.mktemp('sources')
+  found = {}
+  for name in WORKDIR_MODELS:
+    workdir = str(root / name)
+    config = tiny_config(name)
+    main.run(config, workdir)
+    model, params, _ = prediction.load_model_and_params(config, workdir)
+    found[name] = (workdir, model, params, name)
+  model = models.get_model('ViT-testing', num_classes=7, patch_size=(4, 4))
+  params = model.init(jax.random.PRNGKey(1), jnp.zeros((1, IMAGE_SIZE, IMAGE_SIZE, 3)))['params']
+  keys = iter(jax.random.split(jax.random.PRNGKey(2), 100))
+  params = jax.tree.map(lambda a: np.asarray(a + 0.3 * jax.random.normal(next(keys), a.shape)),
+                        params)
+  path = str(root / 'published.npz')
+  weights.save_npz(path, weights.canonicalize(params))
+  found['npz'] = (path, model, params, 'ViT-testing')
+  return found
+
+
+def _run(artifact_dir: str, export_format: str, images: np.ndarray) -> dict:
+  """{'logits', 'probabilities'} of an exported artifact, run by its own runtime only."""
+  if export_format == 'stablehlo':
+    with open(os.path.join(artifact_dir, 'model.stablehlo'), 'rb') as f:
+      exported = jax.export.deserialize(bytearray(f.read()))
+    return {name: np.asarray(value) for name, value in exported.call(images).items()}
+  if export_format == 'savedmodel':
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    signature = tf.saved_model.load(artifact_dir).signatures['serving_default']
+    return {name: value.numpy() for name, value in signature(images=tf.constant(images)).items()}
+  import onnxruntime  # pylint: disable=g-import-not-at-top
+  session = onnxruntime.InferenceSession(os.path.join(artifact_dir, 'model.onnx'))
+  return dict(zip(['logits', 'probabilities'],
+                  session.run(['logits', 'probabilities'], {'images': images})))
+
+
+def _model_inputs(batch: int, seed: int) -> np.ndarray:
+  shape = (batch, IMAGE_SIZE, IMAGE_SIZE, 3)
+  return np.random.RandomState(seed).uniform(-1, 1, shape).astype(np.float32)
+
+
+@pytest.mark.parametrize('export_format', export.FORMATS)
+@pytest.mark.parametrize('source', SOURCES)
+def test_the_artifact_equals_the_jax_model_at_two_batch_sizes(sources, source, export_format,
+                                                              tmp_path):
+  if export_format == 'onnx':
+    pytest.importorskip('jax2onnx')
+  path, model, params, model_name = sources[source]
+  out = str(tmp_path / 'out')
+  export.export(path, out, export_format, model_name=model_name if source == 'npz' else None)
+  for batch in BATCH_SIZES:
+    images = _model_inputs(batch, seed=batch)
+    want = np.asarray(model.apply({'params': params}, images))
+    got = _run(out, export_format, images)
+    difference = float(np.abs(got['logits'] - want).max())
+    print(f'{source} {export_format} batch {batch}: max |logits - JAX| {difference:.1e} '
+          f'(max |logit| {np.abs(want).max():.2f})')
+    np.testing.assert_allclose(got['logits'], want, atol=1e-4, rtol=1e-4)
+    np.testing.assert_allclose(got['probabilities'], jax.nn.softmax(want), atol=1e-5)
+  metadata = json.loads((tmp_path / 'out' / 'metadata.json').read_text())
+  assert metadata['model'] == model_name and metadata['image_size'] == IMAGE_SIZE
+  assert len(metadata['class_names']) == model.num_classes
+  if source != 'npz':
+    assert metadata['class_names'] == [str(digit) for digit in range(10)]
+  if export_format == 'savedmodel':
+    assert (tmp_path / 'out' / 'assets' / 'metadata.json').exists()
+  if export_format == 'onnx':
+    import onnx  # pylint: disable=g-import-not-at-top
+    props = {p.key: p.value for p in onnx.load(str(tmp_path / 'out' / 'model.onnx')).metadata_props}
+    assert json.loads(props['vit_jax'])['model'] == model_name
+
+
+def test_bfloat16_stablehlo_equals_the_bfloat16_jax_model(sources, tmp_path):
+  path, model, params, _ = sources['ViT-testing']
+  out = str(tmp_path / 'out')
+  export.export(path, out, 'stablehlo', dtype='bfloat16', batch_size=2)
+  images = _model_inputs(2, seed=5)
+  want = np.asarray(model.clone(dtype=jnp.bfloat16).apply({'params': params}, images))
+  got = _run(out, 'stablehlo', images)['logits']
+  full = np.asarray(model.apply({'params': params}, images))
+  print(f'bfloat16 stablehlo: max |logits - bfloat16 JAX| {np.abs(got - want).max():.1e}, '
+        f'- float32 JAX {np.abs(got - full).max():.1e} (max |logit| {np.abs(full).max():.2f})')
+  np.testing.assert_allclose(got, want, atol=3e-2)
+  assert json.loads((tmp_path / 'out' / 'metadata.json').read_text())['dtype'] == 'bfloat16'
+
+
+@pytest.fixture(scope='module')
+def image_files(tmp_path_factory):
+  """Two PNGs of other sizes than the model's: 13x21 and 8x8."""
+  root = tmp_path_factory.mktemp('images')
+  paths = []
+  for index, (height, width) in enumerate([(13, 21), (8, 8)]):
+    pixels = np.random.RandomState(index).randint(0, 256, (height, width, 3)).astype(np.uint8)
+    paths.append(str(root / f'image{index}.png'))
+    Image.fromarray(pixels).save(paths[-1])
+  return paths
+
+
+PREPROCESS_TOLERANCE = 1e-5  # Probabilities; the resized pixels equal TF's (see test output).
+
+
+@pytest.mark.parametrize('export_format', ['stablehlo', 'onnx'])
+def test_preprocessing_artifacts_equal_predict_on_uint8_images(sources, image_files,
+                                                               export_format, tmp_path):
+  if export_format == 'onnx':
+    pytest.importorskip('jax2onnx')
+  workdir, model, params, _ = sources['ViT-testing']
+  config = checkpointing.load_config(workdir)
+  want = prediction.predict_files(model, params, image_files, config.data, batch_size=1)
+  out = str(tmp_path / 'out')
+  export.export(workdir, out, export_format, preprocess=True)
+  for path, expected in zip(image_files, want):
+    pixels = np.asarray(Image.open(path))[None]
+    got = _run(out, export_format, pixels)['probabilities'][0]
+    print(f'{export_format} --preprocess {pixels.shape[1]}x{pixels.shape[2]}: max '
+          f'|probabilities - predict| {np.abs(got - expected).max():.1e}')
+    np.testing.assert_allclose(got, expected, atol=PREPROCESS_TOLERANCE)
+
+
+def test_the_command_line_writes_a_preprocessing_savedmodel(sources, image_files, tmp_path):
+  workdir, model, params, _ = sources['ViT-testing']
+  out = str(tmp_path / 'saved')
+  result = subprocess.run([sys.executable, '-m', 'vit_jax.export', workdir, out, '--format',
+                           'savedmodel', '--preprocess', '--batch-size', '1'],
+                          cwd=REPO, capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert f'Wrote {out}' in result.stdout
+  config = checkpointing.load_config(workdir)
+  want = prediction.predict_files(model, params, image_files, config.data, batch_size=1)
+  for path, expected in zip(image_files, want):
+    got = _run(out, 'savedmodel', np.asarray(Image.open(path))[None])['probabilities'][0]
+    print(f'savedmodel --preprocess (CLI): max |probabilities - predict| '
+          f'{np.abs(got - expected).max():.1e}')
+    np.testing.assert_allclose(got, expected, atol=PREPROCESS_TOLERANCE)
+  metadata = json.loads((tmp_path / 'saved' / 'metadata.json').read_text())
+  assert metadata['inputs'][0] == {'name': 'images', 'dtype': 'uint8', 'shape': [1, 'h', 'w', 3],
+                                   'range': '0..255, any height and width'}
+
+
+def _cli_error(capsys, argv) -> str:
+  assert cli.main(argv) == 1
+  return user_error(capsys.readouterr().err)
+
+
+def test_an_unknown_format_is_one_line_and_writes_nothing(sources, tmp_path, capsys):
+  out = tmp_path / 'out'
+  line = _cli_error(capsys, [sources['ViT-testing'][0], str(out), '--format', 'tflite'])
+  assert "--format='tflite' is not a known format; use one of stablehlo" in line
+  assert not out.exists()
+
+
+def test_a_workdir_without_a_checkpoint_is_one_line_and_writes_nothing(sources, tmp_path,
+                                                                       capsys):
+  workdir = tmp_path / 'untrained'
+  workdir.mkdir()
+  shutil.copy(checkpointing.config_path(sources['ViT-testing'][0]), workdir / 'config.json')
+  out = tmp_path / 'out'
+  line = _cli_error(capsys, [str(workdir), str(out), '--format', 'stablehlo'])
+  assert 'No checkpoint in' in line and 'train first' in line
+  assert not out.exists()
+
+
+def test_an_existing_output_needs_overwrite(sources, tmp_path, capsys):
+  out = tmp_path / 'out'
+  out.mkdir()
+  (out / 'kept.txt').write_text('mine')
+  line = _cli_error(capsys, [sources['ViT-testing'][0], str(out), '--format', 'stablehlo'])
+  assert 'already exists; pass --overwrite' in line
+  assert os.listdir(out) == ['kept.txt']
+  assert sorted(os.listdir(tmp_path)) == ['out']  # No staging directory left behind.
+
+
+def test_ema_of_a_run_without_one_and_a_npz_without_model_are_one_line(sources, tmp_path,
+                                                                       capsys):
+  out = tmp_path / 'out'
+  line = _cli_error(capsys, [sources['ViT-testing'][0], str(out), '--format', 'stablehlo',
+                             '--ema'])
+  assert 'EMA' in line
+  line = _cli_error(capsys, [sources['npz'][0], str(out), '--format', 'stablehlo'])
+  assert 'give --model' in line
+  assert not out.exists()

@@ -1,0 +1,77 @@
+"""Export a trained classifier for serving: StableHLO, TensorFlow SavedModel or ONNX.
+
+  python -m vit_jax.export SOURCE OUT --format stablehlo|savedmodel|onnx [--model NAME]
+      [--ema] [--batch-size N] [--dtype float32|bfloat16] [--preprocess] [--image-size S]
+      [--overwrite]
+
+SOURCE is a classification workdir (its latest checkpoint) or a published-layout .npz (with
+--model). OUT is a directory: the artifact (`stablehlo`, `savedmodel`, `onnx` modules say
+what) and OUT/metadata.json (model, image size, class names, inputs and outputs, version).
+Each artifact computes {'logits', 'probabilities'}, float32 (B, classes), from `images`:
+float32 (B, S, S, C) in [-1, 1], or with `preprocess` uint8 (B, H, W, C) of any size,
+resized and scaled as the eval pipeline does. The batch is symbolic unless `batch_size`.
+OUT appears whole or not at all: it is written beside and renamed.
+"""
+
+import json
+import os
+import shutil
+import tempfile
+
+from vit_jax import errors, progress
+from vit_jax.export import source as source_lib
+
+FORMATS = ('stablehlo', 'savedmodel', 'onnx')
+METADATA = 'metadata.json'
+
+
+def _writer(export_format: str):
+  from vit_jax.export import onnx, savedmodel, stablehlo  # pylint: disable=g-import-not-at-top
+  return {'stablehlo': stablehlo, 'savedmodel': savedmodel, 'onnx': onnx}[export_format]
+
+
+def check_arguments(out: str, export_format: str, batch_size: int | None, overwrite: bool):
+  """Raises a UserError for arguments that cannot work, before anything is read or written."""
+  if export_format not in FORMATS:
+    raise errors.ConfigError(f'--format={export_format!r} is not a known format; use one of '
+                             f'{", ".join(FORMATS)}.')
+  if batch_size is not None and batch_size < 1:
+    raise errors.ConfigError(f'--batch-size={batch_size} must be at least 1 (leave it out '
+                             'for a symbolic batch size).')
+  if os.path.lexists(out) and not overwrite:
+    raise errors.ConfigError(f'{out} already exists; pass --overwrite to replace it, or give '
+                             'another OUT.')
+  if export_format == 'onnx':
+    _writer('onnx').check_available()
+
+
+def export(source: str, out: str, export_format: str, *, model_name: str | None = None,
+           ema: bool = False, batch_size: int | None = None, dtype: str = 'float32',
+           preprocess: bool = False, image_size: int | None = None,
+           overwrite: bool = False) -> dict:
+  """Writes the classifier in SOURCE to the directory OUT as `export_format`; returns the
+  metadata written to OUT/metadata.json."""
+  check_arguments(out, export_format, batch_size, overwrite)
+  exportable = source_lib.load(source, model_name=model_name, ema=ema, image_size=image_size,
+                               dtype=dtype)
+  progress.log(f'Exporting {exportable.model_name} ({len(exportable.class_names)} classes, '
+               f'{exportable.image_size}x{exportable.image_size}, {dtype}) from '
+               f'{exportable.source} as {export_format}.')
+  metadata = exportable.metadata(export_format, preprocess, batch_size)
+  parent = os.path.dirname(os.path.abspath(out))
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.partial-', dir=parent)
+  try:
+    artifact = _writer(export_format).write(staging, exportable, preprocess, batch_size,
+                                            metadata)
+    metadata['artifact'] = os.path.relpath(artifact, staging)
+    with open(os.path.join(staging, METADATA), 'w', encoding='utf-8') as f:
+      json.dump(metadata, f, ensure_ascii=False, indent=1)
+    if os.path.isdir(out) and not os.path.islink(out):
+      shutil.rmtree(out)
+    elif os.path.lexists(out):
+      os.remove(out)
+    os.replace(staging, out)
+  finally:
+    shutil.rmtree(staging, ignore_errors=True)
+  return metadata

@@ -1,0 +1,46 @@
+"""Command line of `vit_jax.export`: python -m vit_jax.export SOURCE OUT --format FORMAT."""
+
+import argparse
+import sys
+from typing import Sequence
+
+from vit_jax import errors
+from vit_jax.export import FORMATS, export
+from vit_jax.export.source import DTYPES
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  parser = argparse.ArgumentParser(
+      prog='python -m vit_jax.export',
+      description='Export a classifier (a workdir or a published .npz) for serving: StableHLO, '
+                  'a TensorFlow SavedModel or ONNX, in the directory OUT with metadata.json.')
+  parser.add_argument('source', help='a classification workdir or a published-layout .npz')
+  parser.add_argument('out', help='the directory to write')
+  parser.add_argument('--format', dest='export_format', required=True,
+                      help=f'one of {", ".join(FORMATS)}')
+  parser.add_argument('--model', help='registry name of the model in a .npz SOURCE, e.g. '
+                      'ViT-B_16')
+  parser.add_argument('--ema', action='store_true', help="a workdir SOURCE: export its EMA "
+                      'weights (trained with config.ema_decay > 0)')
+  parser.add_argument('--batch-size', type=int, help='a fixed batch size (default: symbolic)')
+  parser.add_argument('--dtype', default='float32', help=f'compute dtype: {", ".join(DTYPES)}')
+  parser.add_argument('--preprocess', action='store_true',
+                      help='take uint8 images of any size, resized and scaled as the eval '
+                      'pipeline does (default: float32 model inputs in [-1, 1])')
+  parser.add_argument('--image-size', type=int, help="the model's input size (default: the "
+                      "workdir's config, or the .npz's position embedding)")
+  parser.add_argument('--overwrite', action='store_true', help='replace an existing OUT')
+  args = parser.parse_args(argv)
+  try:
+    export(args.source, args.out, args.export_format, model_name=args.model, ema=args.ema,
+           batch_size=args.batch_size, dtype=args.dtype, preprocess=args.preprocess,
+           image_size=args.image_size, overwrite=args.overwrite)
+  except errors.UserError as e:
+    print(f'error: {e}', file=sys.stderr)
+    return 1
+  print(f'Wrote {args.out}')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main())

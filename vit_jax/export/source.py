@@ -1,0 +1,170 @@
+"""What is exported: a classifier, its weights and metadata, from a workdir or a published .npz.
+
+`load` builds the model for serving (plain per-layer attention, no scan, the asked compute
+dtype) and fits the weights to it; `serving_function` is what every format exports.
+"""
+
+import dataclasses
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+import vit_jax
+from vit_jax import errors, files, models, weights
+from vit_jax.data import class_names as class_names_lib
+from vit_jax.export import preprocessing
+from vit_jax.models.vit import stem_stride
+from vit_jax.train import checkpointing
+
+DTYPES = ('float32', 'bfloat16')
+# Portable model settings: attention as einsums and a softmax, blocks as separate layers.
+_SERVING_FIELDS = dict(attention_impl='plain', scan_layers=False, remat=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Exportable:
+  """A model ready to export, with what its artifact's metadata says about it."""
+  model: nn.Module
+  params: dict
+  model_name: str
+  image_size: int
+  channels: int
+  eval_resize_ratio: float
+  class_names: list[str]
+  source: str  # Where the weights came from, for the metadata and the log.
+  dtype: str
+
+  def metadata(self, export_format: str, preprocess: bool, batch_size: int | None) -> dict:
+    """The JSON-able description written beside each artifact."""
+    batch = 'b' if batch_size is None else batch_size
+    if preprocess:
+      images = {'name': 'images', 'dtype': 'uint8', 'shape': [batch, 'h', 'w', self.channels],
+                'range': '0..255, any height and width'}
+    else:
+      images = {'name': 'images', 'dtype': 'float32',
+                'shape': [batch, self.image_size, self.image_size, self.channels],
+                'range': '[-1, 1]'}
+    num_classes = len(self.class_names)
+    outputs = [{'name': name, 'dtype': 'float32', 'shape': [batch, num_classes]}
+               for name in ('logits', 'probabilities')]
+    return {'format': export_format, 'model': self.model_name, 'image_size': self.image_size,
+            'channels': self.channels, 'eval_resize_ratio': self.eval_resize_ratio,
+            'preprocess': preprocess, 'dtype': self.dtype, 'inputs': [images],
+            'outputs': outputs, 'class_names': self.class_names, 'source': self.source,
+            'vit_jax_version': vit_jax.__version__}
+
+
+def _num_classes(flat: dict, source: str) -> int:
+  if 'head/bias' not in flat:
+    raise errors.ConfigError(f'{source} has no classification head (head/bias): it is a '
+                             'feature extractor; export a fine-tuned classifier.')
+  return int(flat['head/bias'].shape[-1])
+
+
+def _native_image_size(flat: dict, model: nn.Module) -> int | None:
+  side = weights.posemb_side(flat)
+  return side * model.patch_size[0] * stem_stride(model.resnet_layers) if side else None
+
+
+def _fit(model_name: str, fields: dict, flat: dict, source: str, image_size: int | None,
+         channels: int, dtype: str):
+  """(model, params, image_size) with the weights `flat` fitted at `image_size`."""
+  model = models.get_model(model_name, **{**fields, **_SERVING_FIELDS, 'dtype': dtype},
+                           num_classes=_num_classes(flat, source))
+  if image_size is None:
+    image_size = _native_image_size(flat, model)
+    if image_size is None:
+      raise errors.ConfigError(f'{source} has no learned position embedding to tell its image '
+                               'size from: give --image-size.')
+  if image_size < 1:
+    raise errors.ConfigError(f'--image-size={image_size} must be at least 1.')
+  init = jax.eval_shape(lambda: model.init(
+      jax.random.PRNGKey(0), jnp.zeros((1, image_size, image_size, channels))))
+  return model, weights.load_pretrained(flat, init['params'], source_name=source), image_size
+
+
+def _from_workdir(workdir: str, model_name: str | None, ema: bool, image_size: int | None,
+                  dtype: str) -> Exportable:
+  checkpointing.check_task(workdir, 'classification', 'SOURCE')
+  config = checkpointing.load_config(workdir)
+  if model_name is not None and model_name != config.model.name:
+    raise errors.ConfigError(f'--model={model_name} names the model of a .npz SOURCE; the '
+                             f'workdir {workdir} holds a {config.model.name}: leave --model out.')
+  params, step = checkpointing.restore_params(workdir, ema=ema)
+  flat = weights.canonicalize(params)
+  fields = {key: value for key, value in config.model.items() if key != 'name'}
+  what = f'{workdir} at step {step}' + (' (EMA weights)' if ema else '')
+  model, params, image_size = _fit(config.model.name, fields, flat, what,
+                                   image_size or config.data.image_size, config.data.channels,
+                                   dtype)
+  names = class_names_lib.load(workdir) or class_names_lib.for_dataset(config.data)
+  return Exportable(model, params, config.model.name, image_size, config.data.channels,
+                    config.data.eval_resize_ratio, _names(names, model.num_classes), what, dtype)
+
+
+def _from_npz(path: str, model_name: str | None, ema: bool, image_size: int | None,
+              dtype: str) -> Exportable:
+  if model_name is None:
+    raise errors.ConfigError(f'Exporting the .npz {path} needs the model it holds: give --model '
+                             '(e.g. --model ViT-B_16).')
+  if ema:
+    raise errors.ConfigError(f'--ema reads the EMA weights of a workdir; {path} is a .npz, which '
+                             'holds one set of weights: leave --ema out.')
+  flat = weights.canonicalize(weights.load_npz(path))
+  model, params, image_size = _fit(model_name, {}, flat, path, image_size, 3, dtype)
+  names = class_names_lib.imagenet2012() if model.num_classes == 1000 else None
+  return Exportable(model, params, model_name, image_size, 3, 1.0,
+                    _names(names, model.num_classes), path, dtype)
+
+
+def _names(names, num_classes: int) -> list[str]:
+  if names is not None and len(names) == num_classes:
+    return [str(name) for name in names]
+  return [str(i) for i in range(num_classes)]
+
+
+def load(source: str, *, model_name: str | None = None, ema: bool = False,
+         image_size: int | None = None, dtype: str = 'float32') -> Exportable:
+  """The classifier in `source`: a classification workdir (its latest checkpoint) or a
+  published-layout .npz (with `model_name`), at `image_size` (default: its own)."""
+  if dtype not in DTYPES:
+    raise errors.ConfigError(f'--dtype={dtype!r} is not one of {", ".join(DTYPES)}.')
+  if files.isdir(source):
+    return _from_workdir(source, model_name, ema, image_size, dtype)
+  if source.endswith('.npz'):
+    return _from_npz(source, model_name, ema, image_size, dtype)
+  if not files.exists(source):
+    raise errors.MissingFileError(f'SOURCE {source} does not exist; give a workdir or a .npz.')
+  raise errors.ConfigError(f'SOURCE {source} is neither a workdir nor a .npz checkpoint.')
+
+
+def serving_function(exportable: Exportable, preprocess: bool):
+  """(params, images) -> {'logits', 'probabilities'} (float32 (B, num_classes)) of the model.
+
+  With `preprocess`, images are uint8 (B, H, W, C) of any size, preprocessed as the eval
+  pipeline does; otherwise float32 (B, image_size, image_size, C) in [-1, 1].
+  """
+  model = exportable.model
+
+  def serve(params, images):
+    if preprocess:
+      images = preprocessing.eval_images(images, exportable.image_size,
+                                         exportable.eval_resize_ratio)
+    logits = model.apply({'params': params}, images, train=False).astype(jnp.float32)
+    return {'logits': logits, 'probabilities': jax.nn.softmax(logits, axis=-1)}
+
+  return serve
+
+
+def input_spec(exportable: Exportable, preprocess: bool, batch_size: int | None,
+               ) -> jax.ShapeDtypeStruct:
+  """The exported function's input: symbolic batch `b` unless `batch_size`; with
+  `preprocess`, symbolic height `h` and width `w`."""
+  channels = exportable.channels
+  if preprocess:
+    shape = jax.export.symbolic_shape(f'{batch_size or "b"}, h, w, {channels}')
+    return jax.ShapeDtypeStruct(shape, jnp.uint8)
+  size = exportable.image_size
+  shape = jax.export.symbolic_shape(f'{batch_size or "b"}, {size}, {size}, {channels}')
+  return jax.ShapeDtypeStruct(shape, jnp.float32)
