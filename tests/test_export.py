@@ -29,7 +29,7 @@ def tiny_config(name: str):
   config.model.patch_size = (WORKDIR_MODELS[name],) * 2
   return override(config, {'data.image_size': IMAGE_SIZE, 'data.eval_resize_ratio':
                            EVAL_RESIZE_RATIO, 'batch_size': 32, 'eval_batch_size': 360,
-                           'total_steps': 2, 'optimizer.learning_rate': 0.05, 'log_every': 1,
+                           'total_steps': 1, 'optimizer.learning_rate': 0.1, 'log_every': 1,
                            'eval_every': 0, 'checkpoint_every': 0})
 
 
@@ -85,9 +85,10 @@ def test_the_artifact_equals_the_jax_model_at_two_batch_sizes(sources, source, e
   path, model, params, model_name = sources[source]
   out = str(tmp_path / 'out')
   export.export(path, out, export_format, model_name=model_name if source == 'npz' else None)
+  apply = jax.jit(lambda images: model.apply({'params': params}, images))
   for batch in BATCH_SIZES:
     images = _model_inputs(batch, seed=batch)
-    want = np.asarray(model.apply({'params': params}, images))
+    want = np.asarray(apply(images))
     got = _run(out, export_format, images)
     difference = float(np.abs(got['logits'] - want).max())
     print(f'{source} {export_format} batch {batch}: max |logits - JAX| {difference:.1e} '
@@ -112,9 +113,9 @@ def test_bfloat16_stablehlo_equals_the_bfloat16_jax_model(sources, tmp_path):
   out = str(tmp_path / 'out')
   export.export(path, out, 'stablehlo', dtype='bfloat16', batch_size=2)
   images = _model_inputs(2, seed=5)
-  want = np.asarray(model.clone(dtype=jnp.bfloat16).apply({'params': params}, images))
+  want = np.asarray(jax.jit(model.clone(dtype=jnp.bfloat16).apply)({'params': params}, images))
   got = _run(out, 'stablehlo', images)['logits']
-  full = np.asarray(model.apply({'params': params}, images))
+  full = np.asarray(jax.jit(model.apply)({'params': params}, images))
   print(f'bfloat16 stablehlo: max |logits - bfloat16 JAX| {np.abs(got - want).max():.1e}, '
         f'- float32 JAX {np.abs(got - full).max():.1e} (max |logit| {np.abs(full).max():.2f})')
   np.testing.assert_allclose(got, want, atol=3e-2)
@@ -205,6 +206,14 @@ def test_an_existing_output_needs_overwrite(sources, tmp_path, capsys):
   assert 'already exists; pass --overwrite' in line
   assert os.listdir(out) == ['kept.txt']
   assert sorted(os.listdir(tmp_path)) == ['out']  # No staging directory left behind.
+
+
+def test_onnx_without_jax2onnx_says_what_to_install(sources, tmp_path, capsys, monkeypatch):
+  monkeypatch.setitem(sys.modules, 'jax2onnx', None)  # Its import fails.
+  out = tmp_path / 'out'
+  line = _cli_error(capsys, [sources['ViT-testing'][0], str(out), '--format', 'onnx'])
+  assert "pip install 'vit_jax[export]'" in line
+  assert not out.exists()
 
 
 def test_ema_of_a_run_without_one_and_a_npz_without_model_are_one_line(sources, tmp_path,

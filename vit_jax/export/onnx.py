@@ -74,7 +74,7 @@ def _check(model_bytes: bytes, serve, exportable: source_lib.Exportable, spec):
   images = _probe(spec, exportable)
   session = onnxruntime.InferenceSession(model_bytes, providers=['CPUExecutionProvider'])
   got = session.run(['logits'], {'images': images})[0]
-  want = np.asarray(serve(exportable.params, images)['logits'])
+  want = np.asarray(jax.jit(serve)(exportable.params, images)['logits'])
   difference = float(np.abs(got - want).max())
   if not difference <= TOLERANCE[exportable.dtype]:
     raise RuntimeError(f'The ONNX graph of {exportable.model_name} computes other logits than '
