@@ -198,6 +198,14 @@ def test_a_workdir_without_a_checkpoint_is_one_line_and_writes_nothing(sources, 
   assert not out.exists()
 
 
+def test_bfloat16_onnx_is_one_line_and_writes_nothing(sources, tmp_path, capsys):
+  out = tmp_path / 'out'
+  line = _cli_error(capsys, [sources['ViT-testing'][0], str(out), '--format', 'onnx',
+                             '--dtype', 'bfloat16'])
+  assert 'export ONNX in float32' in line
+  assert not out.exists()
+
+
 def test_an_existing_output_needs_overwrite(sources, tmp_path, capsys):
   out = tmp_path / 'out'
   out.mkdir()

@@ -30,11 +30,17 @@ def _writer(export_format: str):
   return {'stablehlo': stablehlo, 'savedmodel': savedmodel, 'onnx': onnx}[export_format]
 
 
-def check_arguments(out: str, export_format: str, batch_size: int | None, overwrite: bool):
+def check_arguments(out: str, export_format: str, batch_size: int | None, dtype: str,
+                    overwrite: bool):
   """Raises a UserError for arguments that cannot work, before anything is read or written."""
   if export_format not in FORMATS:
     raise errors.ConfigError(f'--format={export_format!r} is not a known format; use one of '
                              f'{", ".join(FORMATS)}.')
+  if dtype not in source_lib.DTYPES:
+    raise errors.ConfigError(f'--dtype={dtype!r} is not one of {", ".join(source_lib.DTYPES)}.')
+  if export_format == 'onnx' and dtype != 'float32':
+    raise errors.ConfigError(f'--format onnx --dtype {dtype}: ONNX Runtime has no {dtype} '
+                             'kernels for the einsums of attention; export ONNX in float32.')
   if batch_size is not None and batch_size < 1:
     raise errors.ConfigError(f'--batch-size={batch_size} must be at least 1 (leave it out '
                              'for a symbolic batch size).')
@@ -51,7 +57,7 @@ def export(source: str, out: str, export_format: str, *, model_name: str | None 
            overwrite: bool = False) -> dict:
   """Writes the classifier in SOURCE to the directory OUT as `export_format`; returns the
   metadata written to OUT/metadata.json."""
-  check_arguments(out, export_format, batch_size, overwrite)
+  check_arguments(out, export_format, batch_size, dtype, overwrite)
   exportable = source_lib.load(source, model_name=model_name, ema=ema, image_size=image_size,
                                dtype=dtype)
   progress.log(f'Exporting {exportable.model_name} ({len(exportable.class_names)} classes, '
