@@ -16,7 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   'a TensorFlow SavedModel or ONNX, in the directory OUT with metadata.json.')
   parser.add_argument('source', help='a classification workdir or a published-layout .npz')
   parser.add_argument('out', help='the directory to write')
-  parser.add_argument('--format', dest='export_format', required=True,
+  parser.add_argument('--format', dest='export_format', required=True, metavar='FORMAT',
                       help=f'one of {", ".join(FORMATS)}')
   parser.add_argument('--model', help='registry name of the model in a .npz SOURCE, e.g. '
                       'ViT-B_16')

@@ -96,8 +96,8 @@ def _from_workdir(workdir: str, model_name: str | None, ema: bool, image_size: i
   fields = {key: value for key, value in config.model.items() if key != 'name'}
   what = f'{workdir} at step {step}' + (' (EMA weights)' if ema else '')
   model, params, image_size = _fit(config.model.name, fields, flat, what,
-                                   image_size or config.data.image_size, config.data.channels,
-                                   dtype)
+                                   config.data.image_size if image_size is None else image_size,
+                                   config.data.channels, dtype)
   names = class_names_lib.load(workdir) or class_names_lib.for_dataset(config.data)
   return Exportable(model, params, config.model.name, image_size, config.data.channels,
                     config.data.eval_resize_ratio, _names(names, model.num_classes), what, dtype)
