@@ -173,6 +173,19 @@ def _markdown_commands(markdown: str) -> list[str]:
   return commands
 
 
+# Sections whose ```python blocks are clients of what their commands wrote: each block runs
+# (`python -c`) after the commands, in the same directory, and must succeed.
+CLIENT_SECTIONS = ('README.md: Serving: StableHLO, TensorFlow SavedModel, ONNX',)
+
+
+def _python_blocks(source: str) -> list[str]:
+  title = source.split(': ', 1)[1]
+  text = (REPO / 'README.md').read_text()
+  body = re.split(r'^###? ', text, flags=re.M)
+  section = next(s for s in body if s.partition('\n')[0].strip() == title)
+  return re.findall(r'^```python\n(.*?)^```', section, flags=re.S | re.M)
+
+
 def _readme_sections() -> dict[str, list[str]]:
   """The commands of each `##` or `###` section of README.md, which run on their own."""
   text = (REPO / 'README.md').read_text()
@@ -390,6 +403,13 @@ def test_documented_commands_run_as_written(source, tmp_path, record_property):
       assert out.returncode == 0, (written, output)
       assert 'Traceback (most recent call last)' not in output, (written, output)
       assert re.search(rule.expect, output), (written, rule.expect, output)
+  if source in CLIENT_SECTIONS:
+    blocks = _python_blocks(source)
+    assert blocks, f'{source} shows no client'
+    for block in blocks:
+      out = subprocess.run([sys.executable, '-c', block], capture_output=True, text=True,
+                           cwd=tmp_path, env=env, timeout=300)
+      assert out.returncode == 0, (block, out.stdout + out.stderr)
   record_property('commands', len([c for c in commands if not c.startswith('export ')]))
 
 
