@@ -56,7 +56,18 @@ def export(source: str, out: str, export_format: str, *, model_name: str | None 
            preprocess: bool = False, image_size: int | None = None,
            overwrite: bool = False) -> dict:
   """Writes the classifier in SOURCE to the directory OUT as `export_format`; returns the
-  metadata written to OUT/metadata.json."""
+  metadata written to OUT/metadata.json. A translation workdir exports its greedy translation
+  (`vit_jax.export.translation`)."""
+  from vit_jax.export import translation  # pylint: disable=g-import-not-at-top
+  if translation.is_translation_workdir(source):
+    translation.check_arguments(export_format, model_name, preprocess, image_size)
+    check_arguments(out, export_format, batch_size, dtype, overwrite)
+    model = translation.Translation(source, ema, dtype)
+    progress.log(f'Exporting greedy translation of {model.config.model.name} ({dtype}) from '
+                 f'{model.source} as {export_format}.')
+    metadata = model.metadata(export_format, batch_size)
+    return _write_whole(out, lambda staging: translation.write(
+        staging, model, export_format, batch_size, metadata), metadata)
   check_arguments(out, export_format, batch_size, dtype, overwrite)
   exportable = source_lib.load(source, model_name=model_name, ema=ema, image_size=image_size,
                                dtype=dtype)
@@ -64,12 +75,17 @@ def export(source: str, out: str, export_format: str, *, model_name: str | None 
                f'{exportable.image_size}x{exportable.image_size}, {dtype}) from '
                f'{exportable.source} as {export_format}.')
   metadata = exportable.metadata(export_format, preprocess, batch_size)
+  return _write_whole(out, lambda staging: _writer(export_format).write(
+      staging, exportable, preprocess, batch_size, metadata), metadata)
+
+
+def _write_whole(out: str, write, metadata: dict) -> dict:
+  """`write(staging)` (-> the artifact's path) and metadata.json, renamed to OUT when done."""
   parent = os.path.dirname(os.path.abspath(out))
   os.makedirs(parent, exist_ok=True)
   staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.partial-', dir=parent)
   try:
-    artifact = _writer(export_format).write(staging, exportable, preprocess, batch_size,
-                                            metadata)
+    artifact = write(staging)
     metadata['artifact'] = os.path.relpath(artifact, staging)
     with open(os.path.join(staging, METADATA), 'w', encoding='utf-8') as f:
       json.dump(metadata, f, ensure_ascii=False, indent=1)
