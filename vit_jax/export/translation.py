@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import vit_jax
 from vit_jax import decode, errors, files
 from vit_jax.data import tokenizers, vocabulary
+from vit_jax.export import savedmodel, stablehlo
 from vit_jax.train import checkpointing, config as config_lib
 
 FORMATS = ('stablehlo', 'savedmodel')
@@ -87,28 +88,11 @@ def write(directory: str, translation: Translation, export_format: str,
   if translation.tokenizer_path:
     shutil.copy(translation.tokenizer_path, directory)
   spec = translation.input_spec(batch_size)
-  params = translation.params
   if export_format == 'stablehlo':
-    exported = jax.export.export(jax.jit(lambda inputs: translation.translate(params, inputs)),
-                                 platforms=('cpu', 'cuda', 'tpu'))(spec)
-    path = os.path.join(directory, 'model.stablehlo')
-    with open(path, 'wb') as f:
-      f.write(exported.serialize())
-    metadata['calling_convention_version'] = exported.calling_convention_version
-    return path
-  from jax.experimental import jax2tf  # pylint: disable=g-import-not-at-top
+    exported = stablehlo.export_function(translation.translate, translation.params, spec)
+    return stablehlo.write_exported(directory, exported, metadata)
   from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
-  shape = '(' + ', '.join(str(dim) for dim in spec.shape) + ')'
-  converted = jax2tf.convert(translation.translate, polymorphic_shapes=[None, shape],
-                             native_serialization_platforms=('cpu', 'cuda', 'tpu'),
-                             with_gradient=False)
-  module = tf.Module()
-  module.params = tf.nest.map_structure(tf.Variable, params)
-  signature = tf.TensorSpec([batch_size, translation.input_length], tf.int32, name='inputs')
-
-  @tf.function(input_signature=[signature], autograph=False)
-  def serving_default(inputs):
-    return converted(module.params, inputs)
-
+  module, serving_default = savedmodel.serving_module(translation.translate, translation.params,
+                                                      spec, 'inputs')
   tf.saved_model.save(module, directory, signatures={'serving_default': serving_default})
   return directory
