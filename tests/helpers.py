@@ -13,6 +13,23 @@ import jax.numpy as jnp
 import numpy as np
 
 
+def digits_config(model: str = 'ViT-testing', **overrides):
+  """A tiny image-classification config on 8x8 digits: 20 steps of batch 32, 4x4 patches,
+  every step logged, one evaluation (all 360 test digits) at the end, no checkpoint before."""
+  from vit_jax.train import config as config_lib  # pylint: disable=g-import-not-at-top
+  config = config_lib.classification_config(model)
+  config.model.patch_size = (4, 4)  # 8x8 digits -> 4 patches.
+  config.data.image_size = 8
+  config.batch_size = 32
+  config.eval_batch_size = 360
+  config.total_steps = 20
+  config.optimizer.learning_rate = 1e-3
+  config.log_every = 1
+  config.eval_every = 0
+  config.checkpoint_every = 0
+  return override(config, overrides)
+
+
 def override(config, overrides: dict):
   """Sets `config[a][b] = value` for each 'a.b' key in `overrides`; returns `config`."""
   for key, value in overrides.items():

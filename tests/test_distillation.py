@@ -7,7 +7,7 @@ own outputs, lambda 0 against plain training, and a teacher that always answers 
 import jax
 import numpy as np
 import pytest
-from helpers import override, read_metrics
+from helpers import digits_config, override, read_metrics
 
 from vit_jax import errors, main, models, weights
 from vit_jax.data import images
@@ -34,17 +34,7 @@ def test_soft_distillation_is_tau_squared_kl_of_the_softened_outputs(temperature
 
 
 def deit_config(**overrides):
-  config = config_lib.classification_config('DeiT-testing')
-  config.model.patch_size = (4, 4)  # 8x8 digits -> 4 patches.
-  config.data.image_size = 8
-  config.batch_size = 32
-  config.eval_batch_size = 360
-  config.total_steps = 20
-  config.optimizer.learning_rate = 1e-3
-  config.log_every = 1
-  config.eval_every = 0
-  config.checkpoint_every = 0
-  return override(config, overrides)
+  return digits_config('DeiT-testing', **overrides)
 
 
 @pytest.fixture(scope='module')

@@ -10,25 +10,14 @@ import jax
 import numpy as np
 import pytest
 from PIL import Image
-from helpers import REPO, digits_command, override, user_error
+from helpers import REPO, digits_command, digits_config, override, user_error
 
 from vit_jax import errors, main, weights
-from vit_jax.train import checkpointing, classification, config as config_lib, ema
+from vit_jax.train import checkpointing, classification, ema
 
 
 def tiny_config(**overrides):
-  config = config_lib.classification_config('ViT-testing')
-  config.model.patch_size = (4, 4)
-  config.data.image_size = 8
-  config.batch_size = 32
-  config.eval_batch_size = 360
-  config.total_steps = 20
-  config.optimizer.learning_rate = 3e-3
-  config.log_every = 1
-  config.eval_every = 0
-  config.checkpoint_every = 0
-  config.ema_decay = 0.9
-  return override(config, overrides)
+  return digits_config(**{'optimizer.learning_rate': 3e-3, 'ema_decay': 0.9, **overrides})
 
 
 def test_the_warmed_up_decay_follows_tensorflows_num_updates_rule():
