@@ -3,8 +3,9 @@
 python -m vit_jax.main --config=configs/vit.py:ViT-B_16,cifar10 --workdir=runs/b16 \
     --config.pretrained=path/to/ViT-B_16.npz
 python -m vit_jax.main --config=configs/vit.py:ViT-S_16,data/my_images --workdir=runs/mine
-The argument is MODEL,DATASET: a registry name and a TFDS name or an image folder
-DIR/{train,test}/<class>/*.{jpg,png}.
+The argument is MODEL,DATASET: a registry name and a TFDS name, an image folder
+DIR/{train,test}/<class>/*.{jpg,png}, or 'synthetic' (random batches of ImageNet's shape, made
+without TensorFlow, for timing the trainer).
 Defaults follow the ViT paper's fine-tuning recipe (SGD with momentum, cosine decay).
 """
 
@@ -17,7 +18,8 @@ def get_config(arg: str = 'ViT-B_16,cifar10'):
   model, dataset = model_and_dataset(arg, 'configs/vit.py')
   config = classification_config(model)
   config.data.dataset = dataset
-  if not os.path.isdir(os.path.expanduser(dataset)):  # TFDS: hold out 2% for model selection.
+  tfds = dataset != 'synthetic' and not os.path.isdir(os.path.expanduser(dataset))
+  if tfds:  # Hold out 2% of the train split for model selection.
     config.data.train_split = 'train[:98%]'
   config.data.image_size = 224  # 384 matches the paper's fine-tuning resolution.
   config.data.train_crop = 'inception_crop'

@@ -19,7 +19,7 @@ from ml_collections import config_dict
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.data import checks, hosts
+from vit_jax.data import checks, hosts, synthetic
 
 _AUTOTUNE = -1  # tf.data.AUTOTUNE, spelled out so that building a config needs no TensorFlow.
 TRAIN_CROPS = ('inception_crop', 'resize_random_crop', 'pad_random_crop', 'resize')
@@ -29,7 +29,8 @@ def default_config() -> ml_collections.ConfigDict:
   """Every data knob with its default; defaults suit the embedded 'digits' dataset."""
   config = ml_collections.ConfigDict()
   # 'digits' (sklearn 8x8, embedded), a TFDS name ('cifar10', 'imagenet2012', 'oxford_iiit_pet',
-  # ...) or an image folder DIR laid out as DIR/{train,test}/<class>/*.{jpg,jpeg,png}.
+  # ...), an image folder DIR laid out as DIR/{train,test}/<class>/*.{jpg,jpeg,png}, or
+  # 'synthetic' (random ready-made batches, no TensorFlow: vit_jax.data.synthetic).
   config.dataset = 'digits'
   config.train_split = 'train'  # TFDS split ('train[:98%]'), folder subdirectory, digits 'train'.
   config.test_split = 'test'  # Likewise ('validation' for imagenet2012, 'train[98%:]', ...).
@@ -60,6 +61,9 @@ def default_config() -> ml_collections.ConfigDict:
   # Keep decoded train images (decoded once when training starts, resumed or not) and
   # preprocessed eval examples in memory.
   config.cache = False
+  config.synthetic_classes = 1000  # dataset 'synthetic': label classes (ImageNet's).
+  config.synthetic_train_examples = 1_281_167  # dataset 'synthetic': train split size.
+  config.synthetic_test_examples = 50_000  # dataset 'synthetic': test split size.
   return config
 
 
@@ -82,7 +86,9 @@ def _checked_config(config) -> ml_collections.ConfigDict:
   check.require(c.mixup_alpha >= 0, 'mixup_alpha', '>= 0')
   check.require_int('shuffle_buffer', 0)
   check.require_int('prefetch', -1, '-1 (AUTOTUNE) or >= 0')
-  return check.result()
+  config = check.result()
+  synthetic.check(config, default_config())
+  return config
 
 
 class ImageDataset:
@@ -228,7 +234,7 @@ def load_files(paths: list[str], config=None) -> np.ndarray:
 
 
 def build(config, process_index: int | None = None,
-          process_count: int | None = None) -> ImageDataset:
+          process_count: int | None = None) -> ImageDataset | synthetic.SyntheticDataset:
   """Builds the input pipeline described by `config` (see default_config) for one host.
 
   Args:
@@ -245,6 +251,8 @@ def build(config, process_index: int | None = None,
   """
   process_index, process_count = hosts.resolve_host(process_index, process_count)
   config = _checked_config(ml_collections.ConfigDict(config))
+  if config.dataset == 'synthetic':
+    return synthetic.SyntheticDataset(config, process_index, process_count)
   from vit_jax.data import sources  # pylint: disable=g-import-not-at-top
   source = sources.load(config, process_index, process_count)
   if source.read_train is not None and config.shuffle_buffer > 1:
