@@ -4,6 +4,10 @@
 e.g. `--xla-option xla_cpu_experimental_ynn_fusion_type=` runs XLA:CPU's dots on Eigen
 instead of YNNPACK; comparing ours/timm across runs shows what an option is worth.
 
+`--trace DIR` (infer, train, seq2seq) records `--trace-steps` more of our step (seq2seq:
+the train step) with the JAX profiler under DIR after the timed ones, and prints (and
+puts in the JSON under 'trace') where their op time goes; see `vit_jax.benchmark.trace`.
+
 `--matmul` chooses who multiplies the float32 matrices of the Dense layers: 'xla'
 (XLA:CPU's own kernels), 'blas' (MKL or OpenBLAS through `vit_jax.kernels.blas`) or
 'auto' (the trainer's default: MKL on Intel CPUs where it is installed); everything
@@ -50,6 +54,12 @@ def _matmul_name(args) -> str:
   if resolved == 'blas':
     resolved = f'blas: {blas.load().name}'
   return args.matmul if resolved == args.matmul else f'{args.matmul} ({resolved})'
+
+
+def _state_dtype_note(args) -> str:
+  if args.mode == 'infer' or args.optimizer_state_dtype == 'float32':
+    return ''
+  return f' | optimizer state {args.optimizer_state_dtype}'
 
 
 def _int_list(text: str) -> list[int]:
@@ -141,6 +151,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--feed', type=float, default=3000.0,
                       help='data: the images/s a train step consumes, for the cores needed to '
                       'feed it (default: ViT-B/16 bf16 on one H200)')
+  parser.add_argument('--trace', metavar='DIR',
+                      help='infer, train, seq2seq (its train step): after the timed steps, '
+                      'record --trace-steps more of our step with the JAX profiler under DIR '
+                      'and print where their time goes (GPU kernels, else the XLA ops of CPU '
+                      'threads)')
+  parser.add_argument('--trace-steps', type=int, default=5, help='--trace: steps recorded')
+  parser.add_argument('--beam-size', type=int, default=4,
+                      help='seq2seq: also time beam-search decoding with this many beams '
+                      '(0 skips it)')
+  parser.add_argument('--optimizer-state-dtype', default='float32', choices=tuple(DTYPES),
+                      help="train, seq2seq: dtype of AdamW's first moment (the optimizer "
+                      "config's state_dtype)")
   parser.add_argument('--attention-memory', action='store_true',
                       help='memory of the attention paths at growing token counts')
   parser.add_argument('--resolutions', type=_int_list, default=[256, 512, 768, 1024],
@@ -163,6 +185,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                  f'use --compare {peer}')
   if args.profile and (args.mode != 'seq2seq' or args.compare):
     parser.error('--profile applies to --mode seq2seq, without --compare')
+  if args.trace:
+    clashing = [flag for flag, on in (
+        ('--profile', args.profile), ('--mode data', args.mode == 'data'),
+        ('--attention-memory', args.attention_memory),
+        ('--compile-depth', args.compile_depth)) if on]
+    if clashing:
+      parser.error(f'--trace does not combine with {", ".join(clashing)}')
+  if args.trace_steps < 1 or args.beam_size < 0:
+    parser.error('--trace-steps must be positive and --beam-size non-negative')
   if args.steps < 1 or args.batch < 1 or args.warmup < 0:
     parser.error('--steps and --batch must be positive and --warmup non-negative')
   unknown = [v for v in args.variants if v not in data_input.VARIANTS]
@@ -192,6 +223,8 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
   else:
     where = f'{info["platform"]} ({info["device_kind"]}, {info["device_count"]} device(s))'
   text = f'{title} | {where}\n{text}'
+  if 'trace' in report:
+    text += '\n\n' + report_lib.format_trace(report['trace'])
   report = {'args': {k: v for k, v in vars(args).items()}, 'device': info, **report}
   return report, text
 
@@ -224,14 +257,15 @@ def _run(args: argparse.Namespace) -> tuple[dict, str, str]:
     mode = 'seq2seq profile' if args.profile else 'seq2seq'
     title = (f'{args.model} {mode} | batch {args.batch} | {rows} | '
              f'decode {args.decode_length} | vocab {args.vocab_size} | {args.dtype} | '
-             f'matmul {_matmul_name(args)} | dropout masks {args.dropout_masks}')
+             f'matmul {_matmul_name(args)} | dropout masks {args.dropout_masks}'
+             + _state_dtype_note(args))
   else:
     report = benchmark_vit(args)
     text = report_lib.format_vit(report)
     title = (f'{args.model} {args.mode} | batch {args.batch} | {args.resolution}px | '
              f'{args.dtype} | attention {_attention_name(args)} | matmul {_matmul_name(args)}'
              + (' | scan' if args.scan_layers else '') + (' | remat' if args.remat else '')
-             + (' | tuned malloc' if args.tune_malloc else ''))
+             + (' | tuned malloc' if args.tune_malloc else '') + _state_dtype_note(args))
   return report, text, title
 
 

@@ -79,7 +79,7 @@ def format_data(report: dict) -> str:
 
 
 def format_seq2seq(report: dict) -> str:
-  names = ['train', 'decode_cached', 'decode_uncached']
+  names = [n for n in ('train', 'decode_cached', 'decode_uncached', 'decode_beam') if n in report]
   rows = [[n, _num(report[n]['compile_s'], '.1f'), _ms(report[n]['step_s_median']),
            f'{_ms(report[n]["step_s_p10"])} / {_ms(report[n]["step_s_p90"])}',
            _num(report[n]['tokens_per_s'], ',.0f'),
@@ -117,6 +117,21 @@ def format_seq2seq_profile(report: dict) -> str:
       _table(['part', 'median (ms)', 'of the step'], rows),
       f'{report["train_target_tokens_per_step"]:,} target tokens a step: '
       f'{report["target_tokens_per_s"]:,.0f}/s; parts overlap (see seq2seq_profile).'])
+
+
+def format_trace(summary: dict) -> str:
+  """Where the traced steps' op time goes: by category, and the ops taking the most."""
+  share = lambda row: f'{100 * row["share"]:.1f}%'  # noqa: E731
+  categories = [[row['name'], f'{row["ms_per_step"]:.3f}', share(row)]
+                for row in summary['categories']]
+  ops = [[row['name'], row['category'], f'{row["calls_per_step"]:g}', f'{row["ms_per_step"]:.3f}',
+          share(row)] for row in summary['top_ops']]
+  return '\n'.join([
+      f'trace of {summary["steps"]} steps, from the {summary["source"]} ({summary["events"]:,} '
+      f'events): {summary["op_ms_per_step"]:.3f} ms of op time a step; {summary["path"]}',
+      _table(['category', 'ms / step', 'of op time'], categories), '',
+      _table([f'top {len(ops)} ops', 'category', 'calls / step', 'ms / step', 'of op time'],
+             ops)])
 
 
 def format_attention_memory(report: dict, impls: Sequence[str]) -> str:

@@ -6,7 +6,9 @@ Its batch is full rows of random tokens, or with --packed the trainer's packed r
 --sentence-length; then the torch peer trains on padded rows of such pairs, of similar
 length (as a length-bucketing loader makes them) and about as many target tokens.
 decoding is greedy, with the key/value cache and without it (the whole decoder re-run for
-every new token), each decode including encoding the source once. With --compare torch,
+every new token), each decode including encoding the source once, and with --beam-size K the
+translate mode's beam search (`vit_jax.decode.beam_search`, K beams, alpha 0.6), whose
+tokens/s count the non-padding tokens of each example's best hypothesis. With --compare torch,
 `torch.nn.Transformer` of the same shape trains on the same batches, alternating with ours
 (`torch_seq2seq`).
 """
@@ -18,9 +20,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax import models
+from vit_jax import decode, models
 from vit_jax.data import packing, tokenizers
-from vit_jax.benchmark import memory, steps, timing, torch_seq2seq
+from vit_jax.benchmark import memory, steps, timing, torch_seq2seq, trace
 
 
 def greedy_decoders(model, batch: int, src_len: int, length: int):
@@ -136,7 +138,8 @@ def benchmark_seq2seq(args) -> dict:
   params = jax.jit(model.init)(jax.random.PRNGKey(0), inputs, targets)['params']
 
   train_step, tx = steps.train_step(steps.Seq2SeqTask(model),
-                                    total_steps=args.warmup + args.steps + 1)
+                                    total_steps=args.warmup + args.steps + 1,
+                                    state_dtype=args.optimizer_state_dtype)
   cached, uncached = greedy_decoders(model, args.batch, args.seq_len, args.decode_length)
   options = args.xla_options
   runners = {
@@ -148,6 +151,11 @@ def benchmark_seq2seq(args) -> dict:
       'decode_uncached': timing.OursRunner(uncached, (params, inputs), donate_state=False,
                                            xla_options=options),
   }
+  if args.beam_size:  # The translate mode's beam search (it may stop before the length).
+    runners['decode_beam'] = timing.OursRunner(
+        lambda p, x: decode.beam_search(model, p, x, max_length=args.decode_length,
+                                        beam_size=args.beam_size, alpha=0.6)[0][:, 0],
+        (params, inputs), donate_state=False, xla_options=options)
   if args.compare == 'torch':
     fields = dataclasses.asdict(model)
     runners['torch_train'] = torch_seq2seq.TorchSeq2SeqRunner(
@@ -163,6 +171,8 @@ def benchmark_seq2seq(args) -> dict:
   tokens = {'train': target_tokens, 'torch_train': int(np.sum(peer_batch['targets'] > 0)),
             'decode_cached': args.batch * args.decode_length,
             'decode_uncached': args.batch * args.decode_length}
+  if 'decode_beam' in runners:  # The best hypotheses' tokens, not padding.
+    tokens['decode_beam'] = max(int(np.sum(np.asarray(runners['decode_beam'].output) > 0)), 1)
   results = {}
   for name, times in timings.items():
     summary = times.summary(tokens[name])
@@ -179,6 +189,8 @@ def benchmark_seq2seq(args) -> dict:
   if 'torch_train' in results:
     results['ours_over_torch_train_tokens_per_s'] = (results['train']['tokens_per_s']
                                                      / results['torch_train']['tokens_per_s'])
+  if args.trace:
+    results['trace'] = trace.record(runners['train'], args.trace_steps, args.trace)
   return {**results, 'memory': memory_figures, 'peak_tflops': peak,
           'train_target_tokens_per_step': target_tokens,
           'torch_train_target_tokens_per_step': tokens['torch_train'],

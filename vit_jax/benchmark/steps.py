@@ -60,9 +60,12 @@ class Seq2SeqTask(translation.TranslationTask):
     self.config = _task_config()
 
 
-def optimizer(total_steps: int) -> tuple[optax.GradientTransformation, optax.Schedule]:
-  """AdamW from the trainer's `optim.make_optimizer` (lr 1e-4, weight decay 1e-4), schedule."""
+def optimizer(total_steps: int, state_dtype: str = 'float32'
+              ) -> tuple[optax.GradientTransformation, optax.Schedule]:
+  """AdamW from the trainer's `optim.make_optimizer` (lr 1e-4, weight decay 1e-4), schedule;
+  `state_dtype` is the first moment's."""
   config = optim.default_config()
+  config.state_dtype = state_dtype
   config.name = 'adamw'
   config.weight_decay = 1e-4
   config.learning_rate = 1e-4
@@ -74,9 +77,10 @@ def make_train_state(params, tx) -> loop.State:
           'opt_state': jax.jit(tx.init)(params), 'rng': jax.random.PRNGKey(1)}
 
 
-def train_step(task: loop.Task, total_steps: int) -> tuple[Callable, Any]:
+def train_step(task: loop.Task, total_steps: int,
+               state_dtype: str = 'float32') -> tuple[Callable, Any]:
   """The trainer's step (one batch, no accumulation) of `task`, and its optimizer."""
-  tx, schedule = optimizer(total_steps)
+  tx, schedule = optimizer(total_steps, state_dtype)
   return loop.make_train_step(task, tx, schedule, accum_steps=1), tx
 
 
@@ -84,4 +88,5 @@ def vit_step(args, model) -> tuple[Callable, Any]:
   """The function one image-model step runs, and its optimizer (None in infer mode)."""
   if args.mode == 'infer':
     return (lambda p, x: model.apply({'params': p}, x)), None
-  return train_step(ImageTask(model), total_steps=args.warmup + args.steps + 1)
+  return train_step(ImageTask(model), total_steps=args.warmup + args.steps + 1,
+                    state_dtype=args.optimizer_state_dtype)

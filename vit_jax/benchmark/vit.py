@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax import models
-from vit_jax.benchmark import memory, steps, timing
+from vit_jax.benchmark import memory, steps, timing, trace
 from vit_jax.benchmark.timm_runner import TIMM_NAMES, TimmRunner, import_timm
 from vit_jax.flops import count_flops
 
@@ -124,4 +124,6 @@ def benchmark_vit(args) -> dict:
     # The fastest steps are the least disturbed by other processes on the machine.
     results['ratio_best_step_ours_over_timm'] = (
         results['timm']['step_s_min'] / results['ours']['step_s_min'])
+  if args.trace:
+    extra['trace'] = trace.record(ours, args.trace_steps, args.trace)
   return {**extra, 'peak_tflops': peak, **results}

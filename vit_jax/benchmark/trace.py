@@ -1,0 +1,132 @@
+"""`--trace DIR`: steps recorded by the JAX profiler, and where their time goes.
+
+`record` runs a step `--trace-steps` times under `jax.profiler.trace(DIR,
+create_perfetto_trace=True)` and summarises the `perfetto_trace.json.gz` it writes.
+`summarise` reads the op events of that trace: the kernels on the GPU's stream tracks
+when there are any, else (CPUs) the XLA ops the host threads ran (events naming an
+`hlo_op`). Each op counts its self time (less the ops nested in it, e.g. a while
+loop's body), so the op times add up. The summary: op time per step, time by category
+(by op or kernel name, first match of `CATEGORIES` wins) and the ops taking the most.
+"""
+
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+from typing import Any, Callable
+
+import jax
+
+from vit_jax import errors
+
+CATEGORIES: tuple[tuple[str, re.Pattern], ...] = tuple(
+    (name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (
+        ('attention', r'fmha|flash|sdpa|dot_product_attention|cudnn(?![-_]?conv)'),
+        ('matmul', r'gemm|cublas|cutlass|nvjet|dot|convolution|conv(?!ert)'),
+        ('collective', r'all[-_]reduce|all[-_]gather|reduce[-_]scatter|all[-_]to[-_]all|nccl'
+                       r'|collective'),
+        ('copy/transpose', r'copy|transpose|memcpy|dynamic[-_]update[-_]slice'),
+        ('fusion (elementwise/reduce)', r'fusion|loop_|input_|reduce|elementwise'),
+    )) + (('other', re.compile('')),)
+DEVICE_SOURCE = 'device kernels'
+HOST_SOURCE = 'host XLA ops'
+
+
+def category(name: str) -> str:
+  """The first category whose pattern `name` (an op or kernel name) matches."""
+  return next(label for label, pattern in CATEGORIES if pattern.search(name))
+
+
+def _track_names(events: list[dict]) -> tuple[dict, dict]:
+  """({pid: process name}, {(pid, tid): thread name}) from the metadata events."""
+  processes, threads = {}, {}
+  for event in events:
+    if event.get('ph') != 'M':
+      continue
+    if event.get('name') == 'process_name':
+      processes[event['pid']] = event['args']['name']
+    elif event.get('name') == 'thread_name':
+      threads[(event['pid'], event['tid'])] = event['args']['name']
+  return processes, threads
+
+
+def op_events(trace: dict) -> tuple[str, list[dict]]:
+  """(source, events): the GPU's kernel events if there are any, else the host's XLA ops."""
+  events = trace['traceEvents']
+  processes, threads = _track_names(events)
+  spans = [e for e in events if e.get('ph') == 'X' and 'dur' in e]
+  device = [e for e in spans
+            if processes.get(e['pid'], '').startswith('/device:')
+            and 'CPU' not in processes[e['pid']]
+            and threads.get((e['pid'], e.get('tid')), '').lower().startswith('stream')]
+  if device:
+    return DEVICE_SOURCE, device
+  return HOST_SOURCE, [e for e in spans if 'hlo_op' in e.get('args', {})]
+
+
+def self_times(events: list[dict]) -> list[float]:
+  """Each event's duration less those of the events nested in it on its thread (us)."""
+  order = sorted(range(len(events)), key=lambda i: (events[i]['pid'], events[i].get('tid'),
+                                                    events[i]['ts'], -events[i]['dur']))
+  times = [float(e['dur']) for e in events]
+  stack = []  # Indices of the enclosing events on the current thread.
+  for i in order:
+    event = events[i]
+    track = (event['pid'], event.get('tid'))
+    while stack and ((events[stack[-1]]['pid'], events[stack[-1]].get('tid')) != track
+                     or events[stack[-1]]['ts'] + events[stack[-1]]['dur'] <= event['ts']):
+      stack.pop()
+    if stack:
+      times[stack[-1]] -= event['dur']
+    stack.append(i)
+  return times
+
+
+def summarise(trace: dict, steps: int, top: int = 15) -> dict:
+  """Op time per step, by category and for the `top` ops, of a trace of `steps` steps."""
+  source, events = op_events(trace)
+  if not events:
+    raise errors.UserError('The profiler trace holds no kernel or XLA op events to summarise.')
+  by_op, counts = collections.Counter(), collections.Counter()
+  for event, us in zip(events, self_times(events)):
+    by_op[event['name']] += us
+    counts[event['name']] += 1
+  total_us = sum(by_op.values())
+  by_category = collections.Counter()
+  for name, us in by_op.items():
+    by_category[category(name)] += us
+  entry = lambda us: {'ms_per_step': us / 1e3 / steps, 'share': us / total_us}  # noqa: E731
+  return {
+      'source': source, 'steps': steps, 'events': len(events),
+      'op_ms_per_step': total_us / 1e3 / steps,
+      'categories': [{'name': name, **entry(us)} for name, us in by_category.most_common()],
+      'top_ops': [{'name': name, 'category': category(name), 'calls_per_step': counts[name] / steps,
+                   **entry(us)} for name, us in by_op.most_common(top)],
+  }
+
+
+def load(directory: str, not_before: set[str] = frozenset()) -> tuple[str, dict]:
+  """(path, trace) of the newest perfetto_trace.json.gz under `directory` not in `not_before`."""
+  paths = set(glob.glob(os.path.join(directory, '**', 'perfetto_trace.json.gz'),
+                        recursive=True)) - set(not_before)
+  if not paths:
+    raise errors.MissingFileError(f'The profiler wrote no perfetto_trace.json.gz under '
+                                  f'{directory}.')
+  path = max(paths, key=os.path.getmtime)
+  with gzip.open(path, 'rt') as f:
+    return path, json.load(f)
+
+
+def record(step: Callable[[], Any], steps: int, directory: str) -> dict:
+  """Runs `step` (which blocks until its results are ready) `steps` times under the
+  profiler, writing the trace under `directory`; returns its `summarise`, with its path."""
+  os.makedirs(directory, exist_ok=True)
+  earlier = set(glob.glob(os.path.join(directory, '**', 'perfetto_trace.json.gz'),
+                          recursive=True))
+  with jax.profiler.trace(directory, create_perfetto_trace=True):
+    for _ in range(steps):
+      step()
+  path, trace = load(directory, earlier)
+  return {**summarise(trace, steps), 'path': path}
