@@ -19,6 +19,45 @@ import pytest
 if importlib.util.find_spec('timm') is not None:
   import timm  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
 
+# What reads data through tf.data (the input pipeline, the trainer on digits, image folders or
+# text, the documented commands, the notebooks): not run where TensorFlow is not installed
+# (JAX's CUDA images), and the summary names them. The rest runs there, GPU paths included.
+NEEDS_TENSORFLOW_MODULES = (
+    'test_benchmark_data', 'test_checkpointing', 'test_data_images', 'test_data_text',
+    'test_distillation', 'test_distributed', 'test_docs', 'test_ema', 'test_errors',
+    'test_evaluation', 'test_export', 'test_export_translation', 'test_files',
+    'test_make_image_folder', 'test_mesh', 'test_notebooks', 'test_prediction',
+    'test_preemption', 'test_train', 'test_train_order')
+NEEDS_TENSORFLOW_TESTS = (
+    'test_optim.py::test_the_trainer_applies_layer_decay_and_prints_its_table',
+    'test_visualize.py::test_visualize_image_files_and_missing_checkpoint')
+_WITHOUT_TENSORFLOW = 'TensorFlow is not installed (the input pipeline reads with tf.data)'
+
+
+def _tensorflow_missing() -> bool:
+  try:
+    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  except ImportError:
+    return True
+  return False
+
+
+TENSORFLOW_MISSING = _tensorflow_missing()
+
+def pytest_ignore_collect(collection_path, config):
+  del config
+  if TENSORFLOW_MISSING and collection_path.stem in NEEDS_TENSORFLOW_MODULES:
+    return True
+  return None
+
+
+def pytest_collection_modifyitems(items):
+  if TENSORFLOW_MISSING:
+    for item in items:
+      if item.nodeid.split('/')[-1] in NEEDS_TENSORFLOW_TESTS:
+        item.add_marker(pytest.mark.skip(reason=_WITHOUT_TENSORFLOW))
+
+
 _WORKER = 'PYTEST_XDIST_WORKER' in os.environ
 _OWN_CACHE = None
 
@@ -45,7 +84,11 @@ def _float32_products_in_float32():
 
 
 def pytest_terminal_summary(terminalreporter):
-  """How many documented commands test_docs ran from each source (README section, config...)."""
+  """How many documented commands test_docs ran from each source (README section, config...);
+  the test modules left out where TensorFlow is not installed."""
+  if TENSORFLOW_MISSING:
+    terminalreporter.write_line(f'not run, {_WITHOUT_TENSORFLOW}: '
+                                + ', '.join(f'{name}.py' for name in NEEDS_TENSORFLOW_MODULES))
   counts = []
   for report in terminalreporter.stats.get('passed', []):
     for name, value in getattr(report, 'user_properties', []):

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# The GPU measurements, in two calls of a lent machine with one GPU (see README, "On a GPU"):
+#
+#   bash benchmarks/gpu_check.sh wheels   # here, with PyPI: the wheels the GPU image lacks -> .whl/
+#   bash benchmarks/gpu_check.sh vit      # there: ViT-B/16 bf16 train vs timm, its kernel-time
+#                                         # breakdown, the trainer, what each change gives
+#   bash benchmarks/gpu_check.sh rest     # there: Transformer-base vs torch, the test suite
+#
+# Each part writes its logs and --json reports under runs/gpu_check/PART (packed into
+# $OUT/gpu_check_PART.tgz where the device tool's $OUT is set) and prints one table of every
+# run last (python -m vit_jax.benchmark.runs_table). A step that fails or runs past its time
+# limit is reported and the next one runs. SMOKE=1 runs the same steps with tiny models and few
+# steps, to check this script on a CPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+part=${1:-}
+export PYTHONUNBUFFERED=1
+
+if [[ $part == wheels ]]; then
+  # Pure-Python packages the GPU image lacks; everything else vit_jax needs is there.
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .whl 'ml_collections==1.1.0'
+  grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
+  ls -l .whl
+  exit 0
+fi
+if [[ $part != vit && $part != rest ]]; then
+  echo "usage: bash benchmarks/gpu_check.sh wheels|vit|rest (got '${part}')" >&2
+  exit 2
+fi
+
+logs=runs/gpu_check/$part
+rm -rf "$logs"
+mkdir -p "$logs"
+if compgen -G '.whl/*.whl' > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+if [[ ${SMOKE:-0} == 1 ]]; then
+  vit=ViT-Ti_16; res=32; batches=(4 8 16); steps=(--steps 2 --warmup 1 --rounds 1 --num-layers 1)
+  s2s=(--model Transformer-testing --num-layers 1 --batch 4 --seq-len 16 --decode-length 8)
+  trainer_steps=30; log_every=10; limit=300; suite=(tests/test_data_synthetic.py)
+else
+  vit=ViT-B_16; res=224; batches=(128 256 512); steps=(--steps 15 --warmup 2 --rounds 3)
+  s2s=(--model Transformer-base --batch 128 --seq-len 128 --decode-length 64)
+  trainer_steps=300; log_every=50; limit=150; suite=(tests)
+fi
+failed=()
+reports=()
+
+run() {  # run NAME COMMAND...: the command's output to $logs/NAME.log and the screen.
+  local name=$1
+  shift
+  echo "=== $name: $*"
+  timeout "$limit" "$@" 2>&1 | tee "$logs/$name.log"
+  local status=${PIPESTATUS[0]}
+  if [[ $status != 0 ]]; then
+    failed+=("$name (exit $status$([[ $status == 124 ]] && echo ", past ${limit}s"))")
+  fi
+}
+
+bench() {  # bench NAME FLAGS...: python -m vit_jax.benchmark with a --json report.
+  local name=$1
+  shift
+  reports+=("$logs/$name.json")
+  run "$name" python3 -m vit_jax.benchmark "$@" --json "$logs/$name.json"
+}
+
+train=(--mode train --model "$vit" --dtype bfloat16 --resolution "$res" "${steps[@]}")
+if [[ $part == vit ]]; then
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit \
+    --format=csv 2>/dev/null
+  python3 -c 'import jax, flax, optax, orbax.checkpoint as o; print("jax", jax.__version__,
+    "flax", flax.__version__, "optax", optax.__version__, "orbax", o.__version__, jax.devices())'
+  b=${batches[0]}
+  # The reference (as README's table), against timm, with the kernel-time breakdown.
+  bench "vit_b$b" "${train[@]}" --batch "$b" --compare timm --trace /tmp/vit_trace
+  # The trainer on the reference's model, batch and optimizer, input made without TensorFlow.
+  rm -rf /tmp/trainer_vit
+  run trainer python3 -m vit_jax.main --config="configs/vit.py:$vit,synthetic" \
+    --workdir=/tmp/trainer_vit --config.data.image_size="$res" --config.batch_size="$b" \
+    --config.model.dtype=bfloat16 --config.optimizer.name=adamw \
+    --config.optimizer.learning_rate=1e-4 --config.optimizer.weight_decay=1e-4 \
+    --config.optimizer.warmup_steps=0 --config.total_steps="$trainer_steps" \
+    --config.log_every="$log_every" --config.eval_every=0 --config.checkpoint_every=0 \
+    --config.eval_batch_size=256 --config.data.synthetic_test_examples=256
+  mkdir -p "$logs/trainer"
+  cp /tmp/trainer_vit/{metrics.jsonl,config.json} "$logs/trainer/" 2>/dev/null
+  # What each change gives, at the middle batch size.
+  b=${batches[1]}
+  bench "vit_b$b" "${train[@]}" --batch "$b"
+  bench "vit_b${batches[2]}" "${train[@]}" --batch "${batches[2]}"
+  bench "vit_b${b}_state_bf16" "${train[@]}" --batch "$b" --optimizer-state-dtype bfloat16
+  bench "vit_b${b}_no_triton_gemm" "${train[@]}" --batch "$b" \
+    --xla-option xla_gpu_enable_triton_gemm=false
+  bench "vit_b${b}_lhs" "${train[@]}" --batch "$b" \
+    --xla-option xla_gpu_enable_latency_hiding_scheduler=true
+  bench "vit_b${b}_attention_xla" "${train[@]}" --batch "$b" --attention fused
+else
+  bench transformer_base "${s2s[@]}" --mode seq2seq --dtype bfloat16 "${steps[@]}" \
+    --compare torch --beam-size 4
+  # The suite: GPU-only paths run, TensorFlow's are skipped with the reason (-rs).
+  limit=$((limit * 3))
+  run suite env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -n 8 -rs \
+    -p no:cacheprovider "${suite[@]}"
+fi
+
+echo "=== all runs ($part)"
+tables=()
+for report in "${reports[@]}"; do [[ -e $report ]] && tables+=("$report"); done
+against=()
+if [[ $part == vit && -e $logs/trainer/metrics.jsonl ]]; then
+  tables+=("$logs/trainer/metrics.jsonl")
+  [[ -e $logs/vit_b${batches[0]}.json ]] && against=(--against "$logs/vit_b${batches[0]}.json")
+fi
+((${#tables[@]})) && python3 -m vit_jax.benchmark.runs_table "${tables[@]}" "${against[@]}"
+grep -h -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$logs/suite.log" 2>/dev/null | tail -1
+[[ -n ${OUT:-} ]] && tar czf "$OUT/gpu_check_$part.tgz" -C runs/gpu_check "$part"
+if ((${#failed[@]})); then
+  echo "failed: ${failed[*]}"
+  exit 1
+fi
