@@ -124,6 +124,64 @@ def test_auto_resolves_per_backend_and_dtype():
     assert resolve(explicit, backend='gpu', dtype=jnp.bfloat16) == explicit
 
 
+def test_target_backend_chooses_for_a_device_that_is_not_here():
+  """Compiling for a GPU from a CPU (`benchmark --compile-for`): 'auto' picks the GPU's."""
+  resolve = attention.resolve_attention_impl
+  with attention.target_backend('gpu'):
+    assert resolve('auto', dtype=jnp.bfloat16) == 'cudnn'
+    assert resolve('auto', dtype=jnp.float32) == 'fused'
+    assert resolve('auto', backend='cpu', dtype=jnp.bfloat16) == 'head_major'
+    assert attention.padded_length('auto', 197, dtype=jnp.bfloat16) == 198
+  assert resolve('auto', dtype=jnp.bfloat16) == resolve('auto', backend=jax.default_backend(),
+                                                        dtype=jnp.bfloat16)
+
+
+def test_padded_length_follows_the_kernel():
+  """cuDNN's gradient needs even lengths; the other kernels take any."""
+  with attention.target_backend('gpu'):  # 'auto' is cuDNN for bfloat16, XLA for float32.
+    assert [attention.padded_length('auto', n, dtype=jnp.bfloat16)
+            for n in (1, 196, 197)] == [2, 196, 198]
+    assert attention.padded_length('auto', 197, dtype=jnp.float32) == 197
+  for name in ('auto', 'fused', 'plain', 'chunked'):
+    assert attention.padded_length(name, 197) == 197
+
+
+def test_encoder_pads_once_for_a_kernel_that_wants_even_lengths(monkeypatch):
+  """A ViT of 17 tokens on a kernel of even lengths: every layer sees 18 tokens and a
+  mask of the real keys, and logits and gradients equal those without padding."""
+  seen = []
+
+  def even_only(query, key, value, mask):
+    seen.append((query.shape[1], key.shape[1], None if mask is None else mask.shape))
+    return attention.fused_attention(query, key, value, mask)
+
+  monkeypatch.setattr(attention, 'ATTENTION_IMPLEMENTATIONS',
+                      list(attention.ATTENTION_IMPLEMENTATIONS))
+  monkeypatch.setattr(attention, 'KERNELS', dict(attention.KERNELS))
+  monkeypatch.setattr(attention, '_LENGTH_MULTIPLES', dict(attention._LENGTH_MULTIPLES))
+  attention.register_kernel('even_only', even_only, length_multiple=2)
+  images = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))  # 4x4 patches + class token.
+  labels = jnp.array([1, 3])
+  padded = models.get_model('ViT-testing', num_classes=5, attention_impl='even_only')
+  plain = padded.clone(attention_impl='fused')
+  params = plain.init(jax.random.key(1), images)['params']
+  params['head']['kernel'] = jax.random.normal(jax.random.key(2), params['head']['kernel'].shape)
+
+  def loss(model, params):
+    logits = model.apply({'params': params}, images)
+    return -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1).mean(), logits
+
+  (padded_loss, padded_logits), padded_grads = jax.value_and_grad(
+      lambda p: loss(padded, p), has_aux=True)(params)
+  (plain_loss, plain_logits), plain_grads = jax.value_and_grad(
+      lambda p: loss(plain, p), has_aux=True)(params)
+  assert set(seen) == {(18, 18, (1, 1, 1, 18))}
+  np.testing.assert_allclose(padded_logits, plain_logits, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(padded_loss, plain_loss, rtol=1e-6)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0),
+               padded_grads, plain_grads)
+
+
 def test_unknown_implementation_lists_the_valid_ones():
   layer = models.MultiHeadDotProductAttention(num_heads=2, implementation='flash')
   with pytest.raises(ValueError, match=r"'flash'.*'auto', 'fused', 'plain', 'chunked'"):

@@ -1,9 +1,9 @@
 """Flax modules: attention, encoder blocks, ViT (plain, hybrid, DeiT), Transformer."""
 
 from vit_jax.models.attention import (MultiHeadDotProductAttention, chunked_attention,
-                                      fused_attention, head_major_attention, make_causal_mask,
-                                      make_padding_mask, make_segment_mask, plain_attention,
+                                      fused_attention, head_major_attention, plain_attention,
                                       resolve_attention_impl)
+from vit_jax.models.masks import make_causal_mask, make_padding_mask, make_segment_mask
 from vit_jax.models.layers import (Encoder, EncoderBlock, MlpBlock, stack_layers,
                                    unstack_layers)
 from vit_jax.models.position import (AddPositionEmbs, AddSinusoidalPositions,

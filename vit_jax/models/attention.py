@@ -10,6 +10,8 @@ or 'auto' (the default), which `resolve_attention_impl` turns into the fastest k
 for the backend and dtype at trace time.
 """
 
+import contextlib
+import contextvars
 import functools
 from typing import Any, Callable
 
@@ -20,6 +22,8 @@ import jax.numpy as jnp
 
 from vit_jax import errors
 from vit_jax.models import partitioning
+from vit_jax.models.masks import (combine_masks, make_causal_mask, make_padding_mask,  # noqa: F401
+                                  make_segment_mask)
 from vit_jax.models.attention_chunked import chunked_attention
 
 Array = jax.Array
@@ -33,6 +37,12 @@ DROPOUT_NOTED: set[str] = set()
 ATTENTION_IMPLEMENTATIONS = ['auto', 'fused', 'plain', 'chunked']
 # Asked in order by 'auto' before the built-in choice: fn(backend, dtype) -> a kernel or None.
 _AUTO_CHOICES: list[Callable[[str, Dtype], str | None]] = []
+# Kernels that want sequences padded to a multiple of a length: cuDNN's flash attention
+# has no gradient for odd lengths. `padded_length` says how long; `layers.Encoder` pads
+# its tokens once and masks the padding out, rather than each layer padding q/k/v.
+_LENGTH_MULTIPLES: dict[str, int] = {'cudnn': 2}
+# The backend 'auto' chooses for inside `target_backend`; None: `jax.default_backend()`.
+_TARGET_BACKEND = contextvars.ContextVar('vit_jax_attention_backend', default=None)
 # Cache entries of cross-attention while decoding: the projected keys/values of the
 # encoder output, the same at every step (and for every beam of one example).
 CROSS_ATTENTION_CACHE = ('cross_key', 'cross_value')
@@ -49,7 +59,8 @@ def resolve_attention_impl(implementation: str, *, backend: str | None = None,
 
   Args:
     implementation: one of `ATTENTION_IMPLEMENTATIONS`.
-    backend: 'cpu', 'gpu', 'tpu', ...; default: `jax.default_backend()`.
+    backend: 'cpu', 'gpu', 'tpu', ...; default: the one `target_backend` sets, else
+      `jax.default_backend()`.
     dtype: the dtype of the queries and keys.
   """
   if implementation not in ATTENTION_IMPLEMENTATIONS:
@@ -57,7 +68,7 @@ def resolve_attention_impl(implementation: str, *, backend: str | None = None,
                              f'choose one of {tuple(ATTENTION_IMPLEMENTATIONS)}.')
   if implementation != 'auto':
     return implementation
-  backend = backend or jax.default_backend()
+  backend = backend or _TARGET_BACKEND.get() or jax.default_backend()
   for choice in _AUTO_CHOICES:
     kernel = choice(backend, jnp.dtype(dtype))
     if kernel is not None:
@@ -69,18 +80,38 @@ def resolve_attention_impl(implementation: str, *, backend: str | None = None,
   return 'fused'
 
 
+@contextlib.contextmanager
+def target_backend(backend: str):
+  """Models traced inside choose their 'auto' kernels for `backend` ('gpu', ...), not
+  this machine's: for compiling for a device that is not here."""
+  token = _TARGET_BACKEND.set(backend)
+  try:
+    yield
+  finally:
+    _TARGET_BACKEND.reset(token)
+
+
 def register_kernel(name: str, kernel: Kernel, *,
-                    auto_choice: Callable[[str, Dtype], bool] | None = None):
+                    auto_choice: Callable[[str, Dtype], bool] | None = None,
+                    length_multiple: int = 1):
   """Adds attention kernel `name`, which models may then ask for by name.
 
-  `auto_choice(backend, dtype)`, if given, says where 'auto' should pick it.
+  `auto_choice(backend, dtype)`, if given, says where 'auto' should pick it;
+  `length_multiple`, what sequence lengths the kernel wants (see `padded_length`).
   Registering a name again replaces the kernel.
   """
   KERNELS[name] = kernel
+  _LENGTH_MULTIPLES[name] = length_multiple
   if name not in ATTENTION_IMPLEMENTATIONS:
     ATTENTION_IMPLEMENTATIONS.append(name)
   if auto_choice is not None:
     _AUTO_CHOICES.append(lambda backend, dtype: name if auto_choice(backend, dtype) else None)
+
+
+def padded_length(implementation: str, length: int, *, dtype: Dtype = jnp.float32) -> int:
+  """The length to pad unmasked sequences of `length` tokens to for `implementation`."""
+  multiple = _LENGTH_MULTIPLES.get(resolve_attention_impl(implementation, dtype=dtype), 1)
+  return -(-length // multiple) * multiple
 
 
 def attention_kernel(implementation: str, *, dtype: Dtype,
@@ -90,41 +121,6 @@ def attention_kernel(implementation: str, *, dtype: Dtype,
   if name == 'chunked':
     return name, functools.partial(chunked_attention, chunk_size=chunk_size)
   return name, KERNELS[name]
-
-
-def make_padding_mask(query_valid: Array, key_valid: Array) -> Array:
-  """Boolean mask (B, 1, T, S): True where both query t and key s are valid.
-
-  Args:
-    query_valid: (B, T) bool or 0/1, e.g. `query_tokens > 0`.
-    key_valid: (B, S) bool or 0/1.
-  """
-  return jnp.logical_and(query_valid[:, None, :, None].astype(bool),
-                         key_valid[:, None, None, :].astype(bool))
-
-
-def make_segment_mask(query_segments: Array, key_segments: Array) -> Array:
-  """Boolean mask (B, 1, T, S): True where query t and key s are in the same segment.
-
-  Segments number the examples packed into one row (1, 2, ...; 0 is padding).
-  """
-  return query_segments[:, None, :, None] == key_segments[:, None, None, :]
-
-
-def make_causal_mask(length: int) -> Array:
-  """Boolean mask (1, 1, T, T): query t sees keys 0..t."""
-  return jnp.tril(jnp.ones((length, length), bool))[None, None]
-
-
-def combine_masks(*masks: Array | None) -> Array | None:
-  """Logical AND of the masks that are not None (None if all are)."""
-  masks = [m for m in masks if m is not None]
-  if not masks:
-    return None
-  mask = masks[0].astype(bool)
-  for m in masks[1:]:
-    mask = jnp.logical_and(mask, m.astype(bool))
-  return mask
 
 
 def dot_product_attention_weights(query: Array, key: Array,
@@ -174,8 +170,9 @@ def fused_attention(query: Array, key: Array, value: Array,
   cuDNN; float16/bfloat16; head_dim a multiple of 8, up to 128, or 256 from Hopper
   on) and XLA elsewhere. cuDNN has no gradient for odd lengths, and says so only
   when differentiated, maybe outside this call (under `jax.checkpoint` or a scan):
-  unmasked odd lengths (ViT's 197 tokens) run padded to even lengths with the
-  padding masked out by sequence lengths; masked odd lengths use XLA.
+  unmasked odd lengths run padded to even lengths with the padding masked out by
+  sequence lengths; masked odd lengths use XLA. (`layers.Encoder` pads its tokens once,
+  ViT's 197 to 198, so that its layers call this with even lengths.)
   """
   if mask is not None:
     # The fused kernel wants a rank-4 mask broadcastable to (B, N, T, S).

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.models import partitioning
+from vit_jax.models import attention, partitioning
 from vit_jax.models.attention import MultiHeadDotProductAttention
 from vit_jax.models.position import AddPositionEmbs, AddSinusoidalPositions
 
@@ -56,7 +56,10 @@ class MlpBlock(nn.Module):
           kernel_init=partitioning.logical(nn.initializers.xavier_uniform(), axes),
           bias_init=partitioning.logical(nn.initializers.normal(stddev=1e-6), axes[1:]))
     x = dense(self.mlp_dim, ('embed', 'mlp'))(inputs)
-    x = activation_fn(self.activation)(x)
+    # The gradient recomputes the activation from the product instead of keeping its
+    # intermediates: on GPUs XLA then computes it in the product's epilogue (cuBLASLt
+    # BIAS_GELU_AUX), and the step writes and reads one (tokens, mlp_dim) array less.
+    x = jax.checkpoint(activation_fn(self.activation))(x)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
     x = dense(inputs.shape[-1], ('mlp', 'embed'))(x)
     return nn.Dropout(self.dropout_rate)(x, deterministic=deterministic)
@@ -154,6 +157,14 @@ class Encoder(nn.Module):
     elif self.position_embedding == 'sinusoidal':
       x = AddSinusoidalPositions(max_length=self.max_length)(x, positions)
     x = nn.Dropout(self.dropout_rate)(x, deterministic=not train)
+    tokens = x.shape[1]
+    if mask is None:
+      # A kernel that wants other lengths (cuDNN: even) gets the tokens padded once here,
+      # hidden from attention by a key mask, rather than q/k/v padded in every layer.
+      padded = attention.padded_length(self.attention_impl, tokens, dtype=self.dtype)
+      if padded > tokens:
+        x = jnp.pad(x, ((0, 0), (0, padded - tokens), (0, 0)))  # (B, padded, width)
+        mask = (jnp.arange(padded) < tokens)[None, None, None, :]  # (1, 1, 1, padded)
 
     block_cls = EncoderBlock
     if self.remat:
@@ -185,7 +196,7 @@ class Encoder(nn.Module):
     if self.norm_position == 'pre':
       x = nn.LayerNorm(epsilon=1e-6, dtype=self.dtype, param_dtype=self.param_dtype,
                        name='encoder_norm')(x)
-    return x
+    return x[:, :tokens]
 
 
 def stack_layers(params: dict, prefix: str = 'encoderblock') -> dict:

@@ -14,8 +14,8 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.models.attention import (MultiHeadDotProductAttention, combine_masks,
-                                      make_padding_mask, make_segment_mask)
+from vit_jax.models.attention import MultiHeadDotProductAttention
+from vit_jax.models.masks import combine_masks, make_padding_mask, make_segment_mask
 from vit_jax.models.layers import NORM_POSITIONS, Encoder, MlpBlock
 from vit_jax.models.position import AddSinusoidalPositions
 
