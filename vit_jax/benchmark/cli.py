@@ -8,6 +8,12 @@ instead of YNNPACK; comparing ours/timm across runs shows what an option is wort
 the train step) with the JAX profiler under DIR after the timed ones, and prints (and
 puts in the JSON under 'trace') where their op time goes; see `vit_jax.benchmark.trace`.
 
+`--compile-for h200` (infer, train, seq2seq) compiles our step for that GPU without one and
+prints what its kernels must move and compute, and the roofline bound of the step
+(`vit_jax.benchmark.gpu_target`, `vit_jax.benchmark.hlo_costs`); nothing runs. `--hlo-out
+FILE` writes the compiled step's optimised HLO (of any run) for `python -m
+vit_jax.benchmark.hlo_costs FILE` to read later.
+
 `--matmul` chooses who multiplies the float32 matrices of the Dense layers: 'xla'
 (XLA:CPU's own kernels), 'blas' (MKL or OpenBLAS through `vit_jax.kernels.blas`) or
 'auto' (the trainer's default: MKL on Intel CPUs where it is installed); everything
@@ -33,7 +39,7 @@ from vit_jax.benchmark import report as report_lib
 from vit_jax.benchmark import timing
 from vit_jax.benchmark.attention_memory import benchmark_attention_memory
 from vit_jax.benchmark.compile_depth import benchmark_compile_depth
-from vit_jax.benchmark import data_input
+from vit_jax.benchmark import data_input, gpu_target
 from vit_jax.benchmark.seq2seq import benchmark_seq2seq
 from vit_jax.benchmark.seq2seq_profile import benchmark_seq2seq_profile
 from vit_jax.benchmark.steps import DTYPES
@@ -42,9 +48,9 @@ from vit_jax.kernels import blas
 from vit_jax.models.attention import ATTENTION_IMPLEMENTATIONS, resolve_attention_impl
 
 
-def _attention_name(args) -> str:
-  """The --attention choice, with the kernel it resolves to when that differs."""
-  kernel = resolve_attention_impl(args.attention, dtype=DTYPES[args.dtype])
+def _attention_name(args, backend: str | None = None) -> str:
+  """The --attention choice, with the kernel it resolves to (on `backend`) when that differs."""
+  kernel = resolve_attention_impl(args.attention, backend=backend, dtype=DTYPES[args.dtype])
   return args.attention if kernel == args.attention else f'{args.attention} ({kernel})'
 
 
@@ -157,6 +163,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       'and print where their time goes (GPU kernels, else the XLA ops of CPU '
                       'threads)')
   parser.add_argument('--trace-steps', type=int, default=5, help='--trace: steps recorded')
+  parser.add_argument('--compile-for', choices=tuple(gpu_target.TARGETS),
+                      help='infer, train, seq2seq (its train step): compile our step for this '
+                      'GPU without one (needs JAX\'s CUDA plugin) and print its kernels\' '
+                      'bytes, FLOPs and roofline bound instead of timing it')
+  parser.add_argument('--hlo-out', metavar='FILE',
+                      help="infer, train, seq2seq (its train step): write our compiled step's "
+                      'optimised HLO text to FILE')
   parser.add_argument('--beam-size', type=int, default=4,
                       help='seq2seq: also time beam-search decoding with this many beams '
                       '(0 skips it)')
@@ -192,6 +205,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ('--compile-depth', args.compile_depth)) if on]
     if clashing:
       parser.error(f'--trace does not combine with {", ".join(clashing)}')
+  if args.compile_for:
+    clashing = [flag for flag, on in (
+        ('--compare', args.compare), ('--trace', args.trace), ('--profile', args.profile),
+        ('--packed', args.packed), ('--mode data', args.mode == 'data'),
+        ('--attention-memory', args.attention_memory),
+        ('--compile-depth', args.compile_depth), ('--matmul blas', args.matmul == 'blas'))
+                if on]
+    if clashing:
+      parser.error(f'--compile-for does not combine with {", ".join(clashing)}')
+    args.matmul = 'xla'  # The GPU's products: XLA's, not this CPU's BLAS.
+  if args.hlo_out and (args.mode == 'data' or args.profile or args.attention_memory
+                       or args.compile_depth):
+    parser.error('--hlo-out applies to --mode infer, train and seq2seq')
   if args.trace_steps < 1 or args.beam_size < 0:
     parser.error('--trace-steps must be positive and --beam-size non-negative')
   if args.steps < 1 or args.batch < 1 or args.warmup < 0:
@@ -231,6 +257,15 @@ def run(args: argparse.Namespace) -> tuple[dict, str]:
 
 def _run(args: argparse.Namespace) -> tuple[dict, str, str]:
   """(figures, table, title) of the benchmark `args` select."""
+  if args.compile_for:
+    report = gpu_target.compile_for(args)
+    text = report_lib.format_compile_for(report)
+    what = f'batch {args.batch} | ' + (f'source/target {args.seq_len}' if args.mode == 'seq2seq'
+                                       else f'{args.resolution}px')
+    title = (f'{args.model} {args.mode} | {what} | {args.dtype} | compiled for '
+             f'{report["device_name"]} without one (attention {_attention_name(args, "gpu")}, '
+             'products on cuBLAS)' + _state_dtype_note(args))
+    return report, text, title
   if args.attention_memory:
     report = benchmark_attention_memory(args)
     text = report_lib.format_attention_memory(report, args.memory_impls)
@@ -271,6 +306,8 @@ def _run(args: argparse.Namespace) -> tuple[dict, str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
+  if args.compile_for:
+    gpu_target.prepare_environment()
   if args.compare:  # Leave GPU memory to torch: JAX would take 75% of it at start-up.
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   if args.tune_malloc is None:  # Decided before JAX starts its threads (see tune_malloc).

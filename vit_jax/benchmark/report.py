@@ -2,6 +2,8 @@
 
 from typing import Sequence
 
+from vit_jax.benchmark import hlo_costs
+
 
 def _ms(seconds: float | None) -> str:
   return '-' if seconds is None else f'{seconds * 1e3:.1f}'
@@ -155,4 +157,14 @@ def format_compile_depth(report: dict) -> str:
            f'{report["deep_scan_over_shallow_scan"]:.2f}x (target < 2x)']
   if 'deep_unrolled_over_shallow_scan' in report:
     lines.append(f'unrolled deep / shallow scan: {report["deep_unrolled_over_shallow_scan"]:.2f}x')
+  return '\n'.join(lines)
+
+
+def format_compile_for(report: dict) -> str:
+  """What the step compiled for a GPU must move and compute, and its bound."""
+  analysis = report['xla_memory_analysis'] or {}
+  lines = [hlo_costs.format_summary(report['hlo_costs']),
+           f'compile {report["compile_s"]:.1f} s; XLA temp / total '
+           f'{_mb(analysis.get("temp_size_in_bytes"))} / {_mb(analysis.get("total_bytes"))} MiB '
+           '(the device memory the step needs)']
   return '\n'.join(lines)

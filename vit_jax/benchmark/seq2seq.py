@@ -156,6 +156,8 @@ def benchmark_seq2seq(args) -> dict:
         lambda p, x: decode.beam_search(model, p, x, max_length=args.decode_length,
                                         beam_size=args.beam_size, alpha=0.6)[0][:, 0],
         (params, inputs), donate_state=False, xla_options=options)
+  if args.hlo_out:
+    runners['train'].write_hlo(args.hlo_out)
   if args.compare == 'torch':
     fields = dataclasses.asdict(model)
     runners['torch_train'] = torch_seq2seq.TorchSeq2SeqRunner(

@@ -141,6 +141,11 @@ class OursRunner:
     self.memory_analysis = memory.memory_analysis(self.compiled)
     self.output = None
 
+  def write_hlo(self, path: str):
+    """Writes the compiled step's optimised HLO text (`hlo_costs` reads it)."""
+    with open(path, 'w') as f:
+      f.write(self.compiled.as_text())
+
   def __call__(self):
     out = self.compiled(*self.args)
     if self.donate_state:  # The new state replaces the donated one.

@@ -12,6 +12,7 @@ from vit_jax import models
 from vit_jax.benchmark import memory, steps, timing, trace
 from vit_jax.benchmark.timm_runner import TIMM_NAMES, TimmRunner, import_timm
 from vit_jax.flops import count_flops
+from vit_jax.models.attention import resolve_attention_impl
 
 
 def init_vit_params(model, resolution: int, seed: int = 0) -> Any:
@@ -70,6 +71,8 @@ def benchmark_vit(args) -> dict:
 
   # Compiled before anything runs (train mode donates `params` on its first step).
   ours = build_ours_vit(args, model, params, images, labels)
+  if args.hlo_out:
+    ours.write_hlo(args.hlo_out)
   check_logits = None
   timm_runner = None
   if args.compare == 'timm':
@@ -103,12 +106,14 @@ def benchmark_vit(args) -> dict:
 
   timings = timing.time_alternating(runners, args.steps, args.rounds)
   peak = timing.peak_tflops(args.dtype, args.peak_tflops)
-  macs = {'ours': ours.macs}
-  if timm_runner is not None:  # timm does the model's work: no recomputation.
-    macs['timm'] = ours.macs
-    if args.remat or args.attention == 'chunked':  # Both recompute in the backward pass.
-      plain_args = argparse.Namespace(**{**vars(args), 'remat': False, 'attention': 'fused'})
-      macs['timm'] = model_macs(plain_args, images, labels)
+  # MFU counts the model's work, for both: not what remat or the chunked kernel recompute,
+  # nor the token that cuDNN's even lengths add.
+  model_work = ours.macs
+  if args.remat or resolve_attention_impl(args.attention, dtype=steps.DTYPES[args.dtype]) in (
+      'chunked', 'cudnn'):
+    plain_args = argparse.Namespace(**{**vars(args), 'remat': False, 'attention': 'fused'})
+    model_work = model_macs(plain_args, images, labels)
+  macs = {'ours': model_work, 'timm': model_work}
   results = {}
   for name, times in timings.items():
     summary = times.summary(args.batch)
