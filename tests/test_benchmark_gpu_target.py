@@ -6,10 +6,8 @@ forward and backward, the tokens padded once for it (not in every layer), the ML
 in the cuBLAS product's epilogue. Without the plugin, the command says what to install.
 """
 
-import importlib
 import json
 import os
-import pkgutil
 import re
 import subprocess
 import sys
@@ -20,18 +18,7 @@ import pytest
 from vit_jax.benchmark import gpu_target
 
 
-
-def _cuda_plugin_installed() -> bool:
-  """Whether JAX's CUDA plugin (for CUDA 12 or 13) is installed, GPU or not."""
-  try:
-    plugins = importlib.import_module('jax_plugins')
-  except ModuleNotFoundError:  # No plugin of any kind.
-    return False
-  return any(module.name.startswith('xla_cuda')
-             for module in pkgutil.iter_modules(plugins.__path__))
-
-
-PLUGIN = _cuda_plugin_installed()
+PLUGIN = gpu_target.cuda_plugin_installed()
 TINY_STEP = ['--mode', 'train', '--model', 'ViT-testing', '--num-layers', '2', '--resolution',
              '16', '--batch', '4', '--dtype', 'bfloat16', '--compile-for', 'h200']
 

@@ -23,6 +23,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from vit_jax.benchmark import gpu_target
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 COMMAND = re.compile(r'python -m vit_jax\.\w+')
 # Commands that need the network run offline anywhere: downloads go to a closed port, and
@@ -51,6 +53,8 @@ NO_DOWNLOAD = '--config.data.tfds_download_retries=0'
 # `--compare timm` runs where torch and timm are installed, else says it needs them.
 HAS_TIMM = all(importlib.util.find_spec(name) for name in ('torch', 'timm'))
 HAS_TORCH = importlib.util.find_spec('torch') is not None
+# `--compile-for` compiles where JAX's CUDA plugin is installed, else says it needs it.
+HAS_CUDA_PLUGIN = gpu_target.cuda_plugin_installed()
 TINY_SEQ2SEQ = ('--num-layers 1 --embed-dim 16 --num-heads 2 --mlp-dim 24 --seq-len 8 '
                 '--decode-length 8 --vocab-size 64 --batch 2 --steps 1 --warmup 0 --rounds 1')
 
@@ -121,6 +125,13 @@ RULES = [
     Rule(r'vit_jax\.benchmark .*--mode seq2seq',
          '--num-layers 1 --seq-len 8 --decode-length 8 --vocab-size 64 --batch 2 --steps 1 '
          '--warmup 0 --rounds 1', expect=r'tokens/s'),
+    Rule(r'vit_jax\.benchmark .*--compile-for', f'{TINY_BENCH} --num-layers 1',
+         expect=r'MFU cannot exceed') if HAS_CUDA_PLUGIN else
+    Rule(r'vit_jax\.benchmark .*--compile-for', TINY_BENCH,
+         error=r"--compile-for needs JAX's CUDA plugin"),
+    # It reads what `--compile-for ... --hlo-out` wrote, which needs the plugin too.
+    Rule(r'vit_jax\.benchmark\.hlo_costs', '', expect=r'MFU cannot exceed') if HAS_CUDA_PLUGIN
+    else Rule(r'vit_jax\.benchmark\.hlo_costs', '', error=r'cannot read the kernels of'),
     Rule(r'vit_jax\.benchmark', f'{TINY_BENCH} --num-layers 1', expect=r'images/s'),
     Rule(r'vit_jax\.models ViT-B_16', '', expect=r'86,567,656 parameters'),
     Rule(r'vit_jax\.models$', '', expect=r'Transformer-base'),

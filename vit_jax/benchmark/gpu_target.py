@@ -14,7 +14,9 @@ Needs the CUDA plugin of this jaxlib (no GPU, no CUDA libraries):
 
 import contextlib
 import dataclasses
+import importlib
 import os
+import pkgutil
 import time
 from typing import Any
 
@@ -77,6 +79,16 @@ COMPILER_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
 def prepare_environment():
   """Lets JAX's CUDA plugin load on a machine without CUDA; call before JAX starts."""
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+
+
+def cuda_plugin_installed() -> bool:
+  """Whether JAX's CUDA plugin (for CUDA 12 or 13) is installed, GPU or not."""
+  try:
+    plugins = importlib.import_module('jax_plugins')
+  except ModuleNotFoundError:  # No plugin of any kind.
+    return False
+  return any(module.name.startswith('xla_cuda')
+             for module in pkgutil.iter_modules(plugins.__path__))
 
 
 def compile_only_device(target: Target) -> Any:
