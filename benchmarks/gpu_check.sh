@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
-# The GPU measurements, in two calls of a lent machine with one GPU (see README, "On a GPU"):
+# The GPU measurements of issue 23, in two calls of a lent machine with one GPU:
 #
-#   bash benchmarks/gpu_check.sh wheels   # here, with PyPI: the wheels the GPU image lacks -> .whl/
-#   bash benchmarks/gpu_check.sh vit      # there: ViT-B/16 bf16 train vs timm, its kernel-time
-#                                         # breakdown, the trainer, what each change gives
-#   bash benchmarks/gpu_check.sh rest     # there: Transformer-base vs torch, the test suite
+#   bash benchmarks/gpu_check.sh wheels       # here, with PyPI: the wheels the GPU image lacks
+#                                             # -> .whl/ (carry it)
+#   bash benchmarks/gpu_check.sh before REV   # here: vit_jax as of git revision REV -> .before/
+#                                             # (carry it), the baseline of "what each change gave"
+#   bash benchmarks/gpu_check.sh vit          # there: ViT-B/16 bf16 train vs timm with its kernel
+#                                             # breakdown and optimised HLO, the trainer, larger
+#                                             # batches, the baseline, XLA options
+#   bash benchmarks/gpu_check.sh rest         # there: Transformer-base vs torch, the test suite
 #
 # Each part writes its logs and --json reports under runs/gpu_check/PART (packed into
 # $OUT/gpu_check_PART.tgz where the device tool's $OUT is set) and prints one table of every
-# run last (python -m vit_jax.benchmark.runs_table). A step that fails or runs past its time
-# limit is reported and the next one runs. SMOKE=1 runs the same steps with tiny models and few
-# steps, to check this script on a CPU.
+# run last (python -m vit_jax.benchmark.runs_table). Runs go in the order of the issue's
+# acceptance lines; one that fails or runs past its time limit is reported and the next one
+# runs. SMOKE=1 runs the same steps with tiny models and few steps, to check this script on a
+# CPU. The optimised HLO (vit_b*.hlo) reads here afterwards:
+# python -m vit_jax.benchmark.hlo_costs runs/gpu_check/vit/vit_b128.hlo --model-tflop T
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-}
@@ -23,12 +29,19 @@ if [[ $part == wheels ]]; then
   ls -l .whl
   exit 0
 fi
+if [[ $part == before ]]; then
+  rev=${2:?usage: bash benchmarks/gpu_check.sh before REV}
+  rm -rf .before && mkdir .before && git archive "$rev" vit_jax | tar -x -C .before || exit 1
+  grep -qx '/.before/' .git/info/exclude 2>/dev/null || echo '/.before/' >> .git/info/exclude
+  echo "vit_jax of $(git rev-parse --short "$rev") in .before/"
+  exit 0
+fi
 if [[ $part != vit && $part != rest ]]; then
-  echo "usage: bash benchmarks/gpu_check.sh wheels|vit|rest (got '${part}')" >&2
+  echo "usage: bash benchmarks/gpu_check.sh wheels|before REV|vit|rest (got '${part}')" >&2
   exit 2
 fi
 
-logs=runs/gpu_check/$part
+logs=$PWD/runs/gpu_check/$part
 rm -rf "$logs"
 mkdir -p "$logs"
 if compgen -G '.whl/*.whl' > /dev/null; then
@@ -74,8 +87,10 @@ if [[ $part == vit ]]; then
   python3 -c 'import jax, flax, optax, orbax.checkpoint as o; print("jax", jax.__version__,
     "flax", flax.__version__, "optax", optax.__version__, "orbax", o.__version__, jax.devices())'
   b=${batches[0]}
-  # The reference (as README's table), against timm, with the kernel-time breakdown.
-  bench "vit_b$b" "${train[@]}" --batch "$b" --compare timm --trace /tmp/vit_trace
+  # The reference (as README's table), against timm, with the kernel-time breakdown and the
+  # optimised HLO of the step.
+  bench "vit_b$b" "${train[@]}" --batch "$b" --compare timm --trace /tmp/vit_trace \
+    --hlo-out "$logs/vit_b$b.hlo"
   # The trainer on the reference's model, batch and optimizer, input made without TensorFlow.
   rm -rf /tmp/trainer_vit
   run trainer python3 -m vit_jax.main --config="configs/vit.py:$vit,synthetic" \
@@ -87,16 +102,20 @@ if [[ $part == vit ]]; then
     --config.eval_batch_size=256 --config.data.synthetic_test_examples=256
   mkdir -p "$logs/trainer"
   cp /tmp/trainer_vit/{metrics.jsonl,config.json} "$logs/trainer/" 2>/dev/null
-  # What each change gives, at the middle batch size.
+  # Larger batches; what this version's changes gave (the same flags on .before's vit_jax).
   b=${batches[1]}
   bench "vit_b$b" "${train[@]}" --batch "$b"
   bench "vit_b${batches[2]}" "${train[@]}" --batch "${batches[2]}"
-  bench "vit_b${b}_state_bf16" "${train[@]}" --batch "$b" --optimizer-state-dtype bfloat16
+  if [[ -d .before/vit_jax ]]; then
+    name="vit_b${b}_before"
+    reports+=("$logs/$name.json")
+    run "$name" env -C .before python3 -m vit_jax.benchmark "${train[@]}" --batch "$b" \
+      --json "$logs/$name.json"
+  fi
+  # Options, at the middle batch size.
   bench "vit_b${b}_no_triton_gemm" "${train[@]}" --batch "$b" \
     --xla-option xla_gpu_enable_triton_gemm=false
-  bench "vit_b${b}_lhs" "${train[@]}" --batch "$b" \
-    --xla-option xla_gpu_enable_latency_hiding_scheduler=true
-  bench "vit_b${b}_attention_xla" "${train[@]}" --batch "$b" --attention fused
+  bench "vit_b${b}_state_bf16" "${train[@]}" --batch "$b" --optimizer-state-dtype bfloat16
 else
   bench transformer_base "${s2s[@]}" --mode seq2seq --dtype bfloat16 "${steps[@]}" \
     --compare torch --beam-size 4
