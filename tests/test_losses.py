@@ -23,3 +23,21 @@ def test_integer_labels_equal_smoothed_one_hot_targets(smoothing):
   soft = jax.nn.one_hot(labels, 11)
   np.testing.assert_allclose(cross_entropy(logits, soft, smoothing), expected, rtol=1e-5,
                              atol=1e-6)
+
+
+@pytest.mark.parametrize('smoothing', [0.0, 0.1])
+def test_gradient_of_integer_labels_is_one_pass_without_a_scatter(smoothing):
+  """bfloat16 logits (a Transformer's tied projection) get a bfloat16 gradient, computed
+  elementwise: no scatter into a (..., C) float32 array of zeros, as JAX's gradient of the
+  label's logit would be."""
+  rng = np.random.default_rng(1)
+  logits = jax.numpy.asarray(rng.standard_normal((4, 6, 37)) * 3, jax.numpy.bfloat16)
+  labels = rng.integers(0, 37, (4, 6))
+  weights = rng.random((4, 6)).astype(np.float32)
+  loss = lambda z: (cross_entropy(z, labels, smoothing) * weights).sum()  # noqa: E731
+  grad = jax.jit(jax.grad(loss))(logits)
+  assert grad.dtype == jax.numpy.bfloat16
+  targets = jax.nn.one_hot(labels, 37) * (1 - smoothing) + smoothing / 37
+  expected = (jax.nn.softmax(logits.astype(np.float32)) - targets) * weights[..., None]
+  np.testing.assert_allclose(grad.astype(np.float32), expected, atol=1e-2, rtol=1e-2)
+  assert 'scatter' not in str(jax.make_jaxpr(jax.grad(loss))(logits))
