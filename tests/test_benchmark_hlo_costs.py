@@ -77,6 +77,20 @@ def test_cpu_program_and_scan_trip_counts():
   assert summary['flops'] == 5 * 2 * 64 * 32 * 32
 
 
+def test_blas_product_without_dimension_numbers():
+  """Our BLAS call (`matmul='blas'` on CPUs) names no contracting dims: K comes from sizes."""
+  from vit_jax.kernels import blas  # pylint: disable=g-import-not-at-top
+  try:
+    blas.load()
+  except blas.KernelUnavailable as error:
+    pytest.skip(str(error))
+  transposed = lambda a, b: blas.matmul(a.T, b)  # noqa: E731  (K x M)^T (K x N)
+  for fn, a_shape in ((blas.matmul, (64, 32)), (transposed, (32, 64))):
+    text = jax.jit(fn).lower(jnp.ones(a_shape), jnp.ones((32, 16))).compile().as_text()
+    products = [k for k in hlo_costs.kernels(text) if k.category == 'matmul']
+    assert [k.flops for k in products] == [2 * 64 * 32 * 16]
+
+
 def test_text_without_entry_is_an_error():
   with pytest.raises(ValueError, match='ENTRY'):
     hlo_costs.kernels('HloModule nothing\n')

@@ -65,9 +65,16 @@ def _dot_flops(line: str, out_arrays, operand_dims: list[list[int]]) -> int:
   """2 x output elements x contracted size, for a dot or a GEMM library call."""
   if not operand_dims or not out_arrays:
     return 0
-  lhs = operand_dims[0]
-  contracted = math.prod(lhs[d] for d in _dims_attr(line, 'lhs_contracting') if d < len(lhs))
-  return 2 * math.prod(out_arrays[0][1]) * contracted
+  lhs, out = operand_dims[0], math.prod(out_arrays[0][1])
+  dims = _dims_attr(line, 'lhs_contracting')
+  if dims:
+    contracted = math.prod(lhs[d] for d in dims if d < len(lhs))
+  elif len(operand_dims) >= 2:  # A product without dimension numbers (our BLAS call):
+    # (M x K) (K x N) / (M x N) = K^2, whichever operand is transposed.
+    contracted = round(math.sqrt(math.prod(lhs) * math.prod(operand_dims[1]) / max(out, 1)))
+  else:
+    contracted = 1
+  return 2 * out * contracted
 
 
 def _conv_flops(line: str, out_arrays, operand_dims: list[list[int]]) -> int:
@@ -95,7 +102,7 @@ def _attention_flops(line: str, target: str, operand_dims: list[list[int]]) -> i
 
 
 def _category(op: str, target: str) -> str:
-  if 'fmha' in target or 'dot_product_attention' in target or 'attention' in target:
+  if 'fmha' in target or 'attention' in target:
     return 'attention'
   if op in ('dot', 'convolution') or _MATMUL_TARGETS.search(target):
     return 'matmul'
