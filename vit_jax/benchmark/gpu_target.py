@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import jaxlib
 
 from vit_jax import errors, models
-from vit_jax.benchmark import hlo_costs, memory, steps
+from vit_jax.benchmark import hlo_costs, memory, steps, timing
 from vit_jax.flops import count_flops
 from vit_jax.models import attention
 
@@ -39,10 +39,12 @@ class Target:
   memory_bytes: int
   l2_cache_bytes: int
   clock_ghz: float
-  peak_bf16_tflops: float  # Dense.
-  peak_fp32_tflops: float  # Dense TF32, XLA's default for float32 products on these chips.
   compute_capability: tuple[int, int] = (9, 0)
   cudnn_version: tuple[int, int, int] = (9, 10, 0)
+
+  def peak_tflops(self, dtype: str) -> float:
+    """Dense peak TFLOP/s for `dtype`, from the benchmark's table (`timing.PEAK_TFLOPS`)."""
+    return timing.device_kind_peak_tflops(self.device_name, dtype)
 
   def config_text(self) -> str:
     """The stream_executor.GpuTargetConfigProto XLA compiles against, as text."""
@@ -66,11 +68,10 @@ device_description_str: "{self.device_name}"
 """
 
 
-# Hopper SXM parts: 132 multiprocessors, 50 MB of L2, 989 dense bf16 TFLOP/s.
+# Hopper SXM parts: 132 multiprocessors, 50 MB of L2.
 TARGETS = {
-    'h100': Target('NVIDIA H100 80GB HBM3', 132, 3350.0, 80 * 2**30, 50 * 2**20, 1.98,
-                   989.0, 494.0),
-    'h200': Target('NVIDIA H200', 132, 4800.0, 141 * 10**9, 50 * 2**20, 1.98, 989.0, 494.0),
+    'h100': Target('NVIDIA H100 80GB HBM3', 132, 3350.0, 80 * 2**30, 50 * 2**20, 1.98),
+    'h200': Target('NVIDIA H200', 132, 4800.0, 141 * 10**9, 50 * 2**20, 1.98),
 }
 # Options of every compile for a target: no autotuning is possible without the GPU.
 COMPILER_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
@@ -176,7 +177,7 @@ def compile_for(args) -> dict:
   if args.hlo_out:
     with open(args.hlo_out, 'w') as f:
       f.write(text)
-  peak = target.peak_bf16_tflops if args.dtype == 'bfloat16' else target.peak_fp32_tflops
+  peak = target.peak_tflops(args.dtype)
   summary = hlo_costs.summarise(hlo_costs.kernels(text), args.peak_tflops or peak,
                                 target.memory_bandwidth_gbs, model_flops=2 * macs)
   return {'target': args.compile_for, 'device_name': target.device_name,

@@ -282,7 +282,7 @@ def main(argv=None) -> int:
   except (OSError, ValueError) as error:
     print(f'error: cannot read the kernels of {args.hlo}: {error}', file=sys.stderr)
     return 1
-  peak = target.peak_bf16_tflops if args.dtype == 'bfloat16' else target.peak_fp32_tflops
+  peak = target.peak_tflops(args.dtype)
   model_flops = args.model_tflop * 1e12 if args.model_tflop else None
   print(format_summary(summarise(found, peak, target.memory_bandwidth_gbs, model_flops)))
   return 0

@@ -80,9 +80,12 @@ def time_alternating(runners: dict[str, Callable[[], Any]], steps: int,
 
 def peak_tflops(dtype: str, override: float | None) -> float | None:
   """Dense peak TFLOP/s of the first device for `dtype`, or None when unknown."""
-  if override:
-    return override
-  kind = jax.devices()[0].device_kind.lower()
+  return override or device_kind_peak_tflops(jax.devices()[0].device_kind, dtype)
+
+
+def device_kind_peak_tflops(device_kind: str, dtype: str) -> float | None:
+  """Dense peak TFLOP/s of a device kind ('NVIDIA H200', ...) for `dtype`, from `PEAK_TFLOPS`."""
+  kind = device_kind.lower()
   for pattern, bf16, fp32 in PEAK_TFLOPS:
     if pattern.lower() in kind:
       return bf16 if dtype == 'bfloat16' else fp32
