@@ -47,6 +47,41 @@ def test_gpu_kernels_bytes_and_flops():
   assert found['gelu'].flops == 0 and found['gelu'].bytes == 2 * 2 * 256 * 3072
 
 
+# XLA merges two products that share an input into one; each consumer slices its part.
+MERGED_HLO = """HloModule jit_merged
+
+%fused_add (param_0: bf16[64,1024], param_1: bf16[512]) -> bf16[64,8,64] {
+  %param_0 = bf16[64,1024]{1,0} parameter(0)
+  %slice.1 = bf16[64,512]{1,0} slice(%param_0), slice={[0:64], [0:512]}
+  %bitcast.1 = bf16[64,8,64]{2,1,0} bitcast(%slice.1)
+  %param_1 = bf16[512]{0} parameter(1)
+  %bias = bf16[64,8,64]{2,1,0} bitcast(%param_1)
+  ROOT %add.1 = bf16[64,8,64]{2,1,0} add(%bitcast.1, %bias)
+}
+
+%fused_tanh (param_0: bf16[64,1024]) -> bf16[64,1024] {
+  %param_0 = bf16[64,1024]{1,0} parameter(0)
+  %slice.2 = bf16[64,512]{1,0} slice(%param_0), slice={[0:64], [512:1024]}
+  ROOT %tanh.2 = bf16[64,1024]{1,0} tanh(%param_0)
+}
+
+ENTRY %main (x: bf16[64,1024], b: bf16[512]) -> bf16[64,8,64] {
+  %x = bf16[64,1024]{1,0} parameter(0)
+  %b = bf16[512]{0} parameter(1)
+  %tanh = bf16[64,1024]{1,0} fusion(%x), kind=kLoop, calls=%fused_tanh
+  ROOT %sliced = bf16[64,8,64]{2,1,0} fusion(%tanh, %b), kind=kLoop, calls=%fused_add
+}
+"""
+
+
+def test_fusion_that_slices_an_operand_reads_the_slice():
+  found = {kernel.name: kernel for kernel in hlo_costs.kernels(MERGED_HLO)}
+  # Half of the merged product (through a bitcast), the whole bias, the output.
+  assert found['sliced'].bytes == 2 * (64 * 512 + 512 + 64 * 512)
+  # An operand also read whole counts whole.
+  assert found['tanh'].bytes == 2 * 2 * 64 * 1024
+
+
 def test_summary_bounds_each_kernel_by_its_roofline():
   found = hlo_costs.kernels(GPU_HLO)
   summary = hlo_costs.summarise(found, peak_tflops=1000.0, bandwidth_gbs=4000.0,

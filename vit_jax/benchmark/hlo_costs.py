@@ -6,7 +6,8 @@ trip, as XLA knows the trip count of a scan): fusions, library calls (cuBLAS, cu
 standalone ops. For each:
 
 - bytes: its operands read once and its outputs written once (a library call's scratch
-  workspace not counted), the least memory traffic the kernel can have;
+  workspace not counted; a fusion's operand that it only slices, the slices), the least
+  memory traffic the kernel can have;
 - FLOPs: 2 per multiply-add of its matrix products (a dot, a convolution, or a dot inside
   a GEMM fusion) and, for cuDNN's flash attention, of the products it executes (forward:
   q k^T and p v; backward: five, q k^T recomputed).
@@ -157,6 +158,48 @@ def _fused_product(lines: list[str], computations: dict) -> int:
   return flops
 
 
+def _sliced_reads(lines: list[str]) -> dict[int, int]:
+  """{parameter number: bytes} of a fused computation's parameters read only through slices.
+
+  XLA merges products that share an input (a decoder's cross-attention keys and values
+  of every layer: one product) and each consumer fusion slices its part of the output.
+  """
+  parameters, users, shapes = {}, {}, {}
+  for line in lines:
+    match = _INSTRUCTION.match(line)
+    if not match:
+      continue
+    name, shape, op, rest = match.groups()
+    shapes[name] = (op, _arrays(shape))
+    if op == 'parameter':
+      parameters[name] = int(re.match(r'(\d+)\)', rest).group(1))
+      continue
+    for operand in re.findall(r'%([\w.\-]+)', rest.split(')')[0]):
+      users.setdefault(operand, []).append(name)
+
+  def slice_bytes(name):  # Bytes read through slices, or None where read whole.
+    total = 0
+    for user in users.get(name, []):
+      op, arrays = shapes[user]
+      if op in ('slice', 'dynamic-slice'):
+        total += _size(arrays)
+      elif op == 'bitcast':
+        inner = slice_bytes(user)
+        if inner is None:
+          return None
+        total += inner
+      else:
+        return None
+    return total
+
+  sliced = {}
+  for name, number in parameters.items():
+    read = slice_bytes(name)
+    if read is not None and users.get(name):
+      sliced[number] = min(read, _size(shapes[name][1]))
+  return sliced
+
+
 def kernels(hlo_text: str) -> list[Kernel]:
   """The kernels of the entry computation of an optimised HLO module, in program order."""
   computations, entry = _computations(hlo_text)
@@ -194,6 +237,7 @@ def kernels(hlo_text: str) -> list[Kernel]:
       if fusion_kind:
         target = fusion_kind.group(1)
       category = _category(op, target)
+      reads = [_size(shapes[o]) for o in operands if o in shapes]
       flops = 0
       if category == 'attention':
         flops = _attention_flops(line, target, operand_dims)
@@ -203,13 +247,15 @@ def kernels(hlo_text: str) -> list[Kernel]:
         flops = _conv_flops(line, outputs, operand_dims)
       elif op == 'fusion':
         callee = re.search(r'calls=%([\w.\-]+)', line)
-        flops = _fused_product(computations.get(callee.group(1), []), computations) \
-            if callee else 0
+        fused = computations.get(callee.group(1), []) if callee else []
+        flops = _fused_product(fused, computations)
         if flops and category != 'attention':
           category = 'matmul'
-      found.append(Kernel(result, category, _size(outputs)
-                          + sum(_size(shapes[o]) for o in operands if o in shapes),
-                          flops, calls))
+        if len(reads) == len(operands):
+          for number, read in _sliced_reads(fused).items():
+            if number < len(reads):
+              reads[number] = read
+      found.append(Kernel(result, category, _size(outputs) + sum(reads), flops, calls))
 
   walk(entry, 1)
   return found
