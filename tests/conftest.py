@@ -14,6 +14,10 @@ import tempfile
 
 import pytest
 
+# No test uses Keras: TensorFlow's import then skips it (vit_jax.runtime.tensorflow_without_keras,
+# which the programs call), in this process, the workers and every subprocess they start.
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+
 # Where timm is installed (for the comparisons), load it first: triton, which torch loads
 # for timm, crashes (SIGSEGV) a process that has loaded TensorFlow before it.
 if importlib.util.find_spec('timm') is not None:

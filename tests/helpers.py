@@ -114,11 +114,11 @@ def cached_teacher_forced_logits(model, params, inputs, targets):
 
 
 # Runs `python -m MODULE ARGS...` and prints, at exit, how many malloc arenas glibc
-# made (malloc_info writes one <heap> per arena).
-_RUN_AND_COUNT_ARENAS = """
+# made (malloc_info writes one <heap> per arena) and whether Keras was imported.
+_RUN_AND_INSPECT = """
 import atexit, ctypes, re, runpy, sys, tempfile
 
-def count_arenas():
+def inspect():
   libc = ctypes.CDLL('libc.so.6')
   libc.fopen.restype = ctypes.c_void_p
   with tempfile.NamedTemporaryFile() as out:
@@ -126,17 +126,21 @@ def count_arenas():
     libc.malloc_info(0, stream)
     libc.fclose(stream)
     print('arenas:', len(re.findall(r'<heap nr=', open(out.name).read())))
+  print('keras:', 'keras' in sys.modules)
 
-atexit.register(count_arenas)
+atexit.register(inspect)
 module, sys.argv = sys.argv[1], sys.argv[1:]
 runpy.run_module(module, run_name='__main__', alter_sys=True)
 """
 
 
-def malloc_arenas_after(module: str, *args: str, cwd: str) -> int:
-  """glibc malloc arenas at the exit of `python -m module *args` on the CPU (Linux)."""
-  out = subprocess.run([sys.executable, '-c', _RUN_AND_COUNT_ARENAS, module, *args],
-                       capture_output=True, text=True, cwd=cwd,
-                       env={**os.environ, 'JAX_PLATFORMS': 'cpu'})
+def process_after(module: str, *args: str, cwd: str) -> tuple[int, bool]:
+  """(glibc malloc arenas, whether Keras was imported) at the exit of `python -m module
+  *args` on the CPU (Linux), started without TF_USE_LEGACY_KERAS (which the tests set)."""
+  env = {k: v for k, v in os.environ.items() if k != 'TF_USE_LEGACY_KERAS'}
+  env['JAX_PLATFORMS'] = 'cpu'
+  out = subprocess.run([sys.executable, '-c', _RUN_AND_INSPECT, module, *args],
+                       capture_output=True, text=True, cwd=cwd, env=env)
   assert out.returncode == 0, out.stderr
-  return int(out.stdout.split('arenas:')[1])
+  report = dict(line.split(': ') for line in out.stdout.splitlines()[-2:])
+  return int(report['arenas']), report['keras'] == 'True'

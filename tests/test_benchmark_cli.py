@@ -5,7 +5,7 @@ import sys
 
 import pytest
 from benchmark_helpers import TINY_VIT, run_benchmark
-from helpers import malloc_arenas_after
+from helpers import process_after
 
 from vit_jax.benchmark import cli
 
@@ -15,8 +15,8 @@ from vit_jax.benchmark import cli
 def test_malloc_is_tuned_before_threads_start(flags, tuned):
   # By default on CPUs. Set after JAX's threads first allocate, glibc's arena limit
   # would not hold.
-  arenas = malloc_arenas_after('vit_jax.benchmark', *TINY_VIT, *flags,
-                               cwd=os.path.dirname(os.path.dirname(__file__)))
+  arenas, _ = process_after('vit_jax.benchmark', *TINY_VIT, *flags,
+                            cwd=os.path.dirname(os.path.dirname(__file__)))
   assert arenas == 1 if tuned else arenas > 1
 
 

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_resumed_run_repeats, malloc_arenas_after, override, read_metrics
+from helpers import assert_resumed_run_repeats, override, process_after, read_metrics
 
 from vit_jax import main, models, runtime, weights
 from vit_jax.train import checkpointing, classification
@@ -140,15 +140,16 @@ def test_pretrained_weights_are_fitted_to_shapes_and_the_model_init_fills_in(tmp
 
 
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='glibc malloc')
-def test_main_tunes_malloc_before_threads_start(tmp_path):
+def test_main_tunes_malloc_before_threads_start_and_starts_tensorflow_without_keras(tmp_path):
   # glibc's arena limit only holds if set before JAX's, TF's and orbax's threads
   # first allocate; set later, each thread keeps an arena of its own (as the
-  # benchmark's untuned case in test_benchmark shows).
-  arenas = malloc_arenas_after(
+  # benchmark's untuned case in test_benchmark shows). Keras would add seconds to the start.
+  arenas, keras = process_after(
       'vit_jax.main', '--config=configs/vit_digits.py', f'--workdir={tmp_path}',
       '--config.total_steps=2', '--config.model.num_layers=1', '--config.eval_every=0',
       '--config.checkpoint_every=0', cwd=REPO)
   assert arenas == 1
+  assert not keras
 
 
 @pytest.mark.parametrize('platforms, on_cpu', [('cpu', True), ('cpu,cuda', True),

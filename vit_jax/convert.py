@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Sequence
 
-from vit_jax import errors, weights
+from vit_jax import errors, runtime, weights
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -54,4 +54,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == '__main__':
+  runtime.tensorflow_without_keras()
   sys.exit(main())

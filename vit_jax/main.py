@@ -159,5 +159,6 @@ def _main_with_errors(argv):
 
 
 if __name__ == '__main__':
+  runtime.tensorflow_without_keras()
   app.run(_main_with_errors,
           flags_parser=functools.partial(flag_errors.parse_flags, default_spec=_SAVED_CONFIG))

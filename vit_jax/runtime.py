@@ -1,4 +1,5 @@
-"""The process's runtime: which backend JAX will start, glibc's malloc tuning, its memory."""
+"""The process's runtime: which backend JAX will start, glibc's malloc tuning, TensorFlow's
+import without Keras, its memory."""
 
 import ctypes
 import importlib.metadata
@@ -54,6 +55,20 @@ def tune_malloc() -> bool:
   # A trim threshold of -1 disables trimming (see `man mallopt`).
   return all(libc.mallopt(option, value) == 1 for option, value in (
       (m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, -1)))
+
+
+def tensorflow_without_keras() -> None:
+  """Keeps `import tensorflow` from importing Keras, in programs that never use Keras.
+
+  Importing TensorFlow imports Keras 3's optimizers (so that SavedModels of Keras objects
+  load), and with them scikit-learn, SciPy and matplotlib: about two fifths of the import's
+  time, paid by every start of the trainer. With TF_USE_LEGACY_KERAS=1 TensorFlow looks for
+  tf_keras instead and, where it is not installed, skips the import; tf.data, tf.io and
+  SavedModels without Keras objects work as before. The command-line programs call it first
+  thing; the library never does (a user's own `tf.keras` stays Keras 3). A value the user
+  set is kept.
+  """
+  os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 
 
 def peak_resident_bytes() -> int:

@@ -7,7 +7,9 @@ import sys
 # size, once per pipeline built) would drown the tables of --mode data.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '2')
 
+from vit_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
 from vit_jax.benchmark import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 if __name__ == '__main__':
+  runtime.tensorflow_without_keras()
   sys.exit(cli.main())

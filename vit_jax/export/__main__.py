@@ -4,7 +4,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from vit_jax import errors
+from vit_jax import errors, runtime
 from vit_jax.export import FORMATS, export
 from vit_jax.export.source import DTYPES
 
@@ -43,4 +43,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == '__main__':
+  runtime.tensorflow_without_keras()
   sys.exit(main())
