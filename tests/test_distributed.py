@@ -124,13 +124,14 @@ REFERENCE_SCRIPT = textwrap.dedent('''
 def _env(devices: int, **variables) -> dict:
   """This environment without launcher or JAX_* settings, with `devices` CPU devices.
 
-  The run's compilation cache (conftest.py) stays.
+  The run's compilation cache and XLA options (conftest.py) stay.
   """
   env = {k: v for k, v in os.environ.items()
-         if not k.startswith(('SLURM_', 'OMPI_', 'JAX_', 'XLA_FLAGS'))
+         if not k.startswith(('SLURM_', 'OMPI_', 'JAX_'))
          or k.startswith(('JAX_COMPILATION_CACHE_', 'JAX_PERSISTENT_CACHE_'))}
-  return {**env, 'JAX_PLATFORMS': 'cpu',
-          'XLA_FLAGS': f'--xla_force_host_platform_device_count={devices}', **variables}
+  xla_flags = [flag for flag in env.get('XLA_FLAGS', '').split() if 'device_count' not in flag]
+  return {**env, 'JAX_PLATFORMS': 'cpu', 'XLA_FLAGS': ' '.join(
+      [*xla_flags, f'--xla_force_host_platform_device_count={devices}']), **variables}
 
 
 def _free_port() -> int:

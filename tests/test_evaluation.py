@@ -220,7 +220,8 @@ def test_bad_fewshot_config_is_a_config_error():
 
 TWO_DEVICES = '''
 import json, os, sys
-os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=2'
+os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
+                           + ' --xla_force_host_platform_device_count=2')
 sys.path.insert(0, os.path.join(sys.argv[1], 'tests'))
 import vit_jax.evaluation
 assert 'tensorflow' not in sys.modules, 'importing vit_jax.evaluation imported TensorFlow'

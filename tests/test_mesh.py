@@ -30,7 +30,8 @@ MT_MESHES = [(8, 1, 1), (1, 2, 4)]
 
 EIGHT_DEVICES = textwrap.dedent('''
     import json, os, shutil, sys
-    os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=8'
+    os.environ['XLA_FLAGS'] = (os.environ.get('XLA_FLAGS', '')
+                               + ' --xla_force_host_platform_device_count=8')
     repo, out = sys.argv[1], sys.argv[2]
     sys.path.insert(0, os.path.join(repo, 'tests'))
     import jax, numpy as np
