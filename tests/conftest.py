@@ -58,7 +58,7 @@ def pytest_ignore_collect(collection_path, config):
 def pytest_collection_modifyitems(items):
   if TENSORFLOW_MISSING:
     for item in items:
-      if item.nodeid.split('/')[-1] in NEEDS_TENSORFLOW_TESTS:
+      if item.nodeid.split('/')[-1].split('@')[0] in NEEDS_TENSORFLOW_TESTS:  # @xdist_group
         item.add_marker(pytest.mark.skip(reason=_WITHOUT_TENSORFLOW))
 
 

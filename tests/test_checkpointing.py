@@ -16,6 +16,9 @@ import textwrap
 import pytest
 from helpers import REPO, digits_command, final_eval, user_error
 
+# Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group('checkpointing')
+
 STEPS = 8  # Checkpoints at 2, 4, 6 and 8; two kept.
 
 

@@ -32,6 +32,9 @@ from helpers import read_metrics, user_error
 from vit_jax.train import config as config_lib
 from vit_jax.train import distributed
 
+# Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group('distributed')
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(REPO, 'tests')
 TIMEOUT = 300  # Seconds; a guard against hangs, far above what a run takes.

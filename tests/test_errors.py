@@ -14,6 +14,9 @@ from helpers import override, user_error
 from vit_jax import main, models, weights
 from vit_jax.train import config as config_lib
 
+# Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group('errors')
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -17,6 +17,9 @@ from vit_jax import export, main, models, weights
 from vit_jax.export import __main__ as cli
 from vit_jax.train import checkpointing, config as config_lib, prediction
 
+# Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group('export')
+
 WORKDIR_MODELS = {'ViT-testing': 4, 'R+ViT-testing': 1, 'DeiT-testing': 4}  # name -> patch.
 SOURCES = [*WORKDIR_MODELS, 'npz']
 BATCH_SIZES = (1, 3)

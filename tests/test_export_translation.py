@@ -14,6 +14,9 @@ from vit_jax.export import __main__ as cli
 from vit_jax.export import export
 from vit_jax.train import config as config_lib, translation
 
+# Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group('export_translation')
+
 NUM_DATES = 100
 
 

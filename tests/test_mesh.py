@@ -20,6 +20,9 @@ from test_translation import tiny_config as mt_config
 from vit_jax import main
 from vit_jax.train import checkpointing
 
+# Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group('mesh')
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 4 heads so that the model axis can be 4; wide enough that FSDP splits the dense kernels.
 VIT = {'total_steps': 5, 'log_every': 1, 'eval_every': 0, 'checkpoint_every': 0,

@@ -17,6 +17,9 @@ from vit_jax import main, models, weights
 from vit_jax.data import class_names, images, sources
 from vit_jax.train import checkpointing, config as config_lib, prediction
 
+# Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group('prediction')
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # ViT-B_16 narrowed on the command line, as a user would for a quick try.
 NARROW = ['--config.model.hidden_size=32', '--config.model.mlp_dim=64',
