@@ -15,6 +15,7 @@ import importlib.util
 import os
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -344,7 +345,22 @@ def _run(command: str, cwd: pathlib.Path, env: dict, timeout: int = 600):
                         env=env, timeout=timeout)
 
 
-def _prepare(command: str, cwd: pathlib.Path, env: dict):
+def _trained(workdir: str, command: str, cwd: pathlib.Path, env: dict, cache: pathlib.Path):
+  """Puts in cwd/workdir what `command` (run in cwd, training `workdir`) writes there.
+
+  It runs once per worker, in `cache` (laid out like cwd), and is copied from there after.
+  """
+  if not (cache / workdir).exists():
+    cache_env = {**env, 'TFDS_DATA_DIR': str(cache / 'tfds')}
+    if 'cifar10' in command:
+      _fake_cifar10(cache / 'tfds')
+    setup = _run(command, cache, cache_env)
+    assert setup.returncode == 0, setup.stderr
+  shutil.rmtree(cwd / workdir, ignore_errors=True)  # What a failed download may have left.
+  shutil.copytree(cache / workdir, cwd / workdir, symlinks=True)
+
+
+def _prepare(command: str, cwd: pathlib.Path, env: dict, cache: pathlib.Path):
   """Generates the files `command` names that are not there yet."""
   def missing(name):
     return name in command and not (cwd / name).exists()
@@ -373,25 +389,34 @@ def _prepare(command: str, cwd: pathlib.Path, env: dict):
                           ('runs/dates', 'configs/transformer_dates.py')):
     trains_it = f'--config={config} --workdir={workdir}' in command
     if not trains_it and missing(workdir):
-      setup = _run(f'python -m vit_jax.main --config={config} --workdir={workdir} '
-                   f'{_rule(config).append}', cwd, env)
-      assert setup.returncode == 0, setup.stderr
+      _trained(workdir, f'python -m vit_jax.main --config={config} --workdir={workdir} '
+               f'{_rule(config).append}', cwd, env, cache)
   if missing('deit_small_distilled_patch16_224.safetensors'):
     _save_timm_deit_s(cwd / 'deit_small_distilled_patch16_224.safetensors')
   if ('--config.teacher=runs/teacher' in command  # A failed download may have left no weights.
       and not any((cwd / 'runs/teacher/checkpoints').glob('[0-9]*'))):
-    setup = _run('python -m vit_jax.main --config=configs/vit.py:ViT-testing,cifar10 '
-                 f'--workdir=runs/teacher {TINY_DIGITS} --config.data.image_size=32 '
-                 '--config.batch_size=8 --config.eval_batch_size=8', cwd, env)
-    assert setup.returncode == 0, setup.stderr
+    _trained('runs/teacher', 'python -m vit_jax.main --config=configs/vit.py:ViT-testing,cifar10 '
+             f'--workdir=runs/teacher {TINY_DIGITS} --config.data.image_size=32 '
+             '--config.batch_size=8 --config.eval_batch_size=8', cwd, env, cache)
+
+
+def _laid_out_like_the_repository(directory: pathlib.Path) -> pathlib.Path:
+  (directory / 'configs').symlink_to(REPO / 'configs')
+  (directory / 'tfds').mkdir()
+  return directory
+
+
+@pytest.fixture(scope='session')
+def trained_runs(tmp_path_factory) -> pathlib.Path:
+  """Where the workdirs that examples start from are trained, once per worker."""
+  return _laid_out_like_the_repository(tmp_path_factory.mktemp('trained_runs'))
 
 
 @pytest.mark.parametrize('source', SOURCES)
-def test_documented_commands_run_as_written(source, tmp_path, record_property):
+def test_documented_commands_run_as_written(source, tmp_path, trained_runs, record_property):
   commands = SOURCES[source]
   assert commands, f'{source} documents no vit_jax command; drop it from the sources'
-  (tmp_path / 'configs').symlink_to(REPO / 'configs')
-  (tmp_path / 'tfds').mkdir()
+  _laid_out_like_the_repository(tmp_path)
   env = {**os.environ, 'TFDS_DATA_DIR': str(tmp_path / 'tfds'),
          'PATH': f'{os.path.dirname(sys.executable)}:{os.environ["PATH"]}'}
   exports = []
@@ -400,7 +425,7 @@ def test_documented_commands_run_as_written(source, tmp_path, record_property):
       exports.append(command)
       continue
     rule = _rule(command)
-    _prepare(command, tmp_path, env)
+    _prepare(command, tmp_path, env, trained_runs)
     run_env = {**env, **OFFLINE} if rule.offline else env
     written = ' && '.join([*exports, _with_overrides(command, rule.append)])
     out = _run(written, tmp_path, run_env)
