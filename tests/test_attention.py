@@ -164,17 +164,17 @@ def test_encoder_pads_once_for_a_kernel_that_wants_even_lengths(monkeypatch):
   labels = jnp.array([1, 3])
   padded = models.get_model('ViT-testing', num_classes=5, attention_impl='even_only')
   plain = padded.clone(attention_impl='fused')
-  params = plain.init(jax.random.key(1), images)['params']
+  params = jax.jit(plain.init)(jax.random.key(1), images)['params']
   params['head']['kernel'] = jax.random.normal(jax.random.key(2), params['head']['kernel'].shape)
 
   def loss(model, params):
     logits = model.apply({'params': params}, images)
     return -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], 1).mean(), logits
 
-  (padded_loss, padded_logits), padded_grads = jax.value_and_grad(
-      lambda p: loss(padded, p), has_aux=True)(params)
-  (plain_loss, plain_logits), plain_grads = jax.value_and_grad(
-      lambda p: loss(plain, p), has_aux=True)(params)
+  (padded_loss, padded_logits), padded_grads = jax.jit(jax.value_and_grad(
+      lambda p: loss(padded, p), has_aux=True))(params)
+  (plain_loss, plain_logits), plain_grads = jax.jit(jax.value_and_grad(
+      lambda p: loss(plain, p), has_aux=True))(params)
   assert set(seen) == {(18, 18, (1, 1, 1, 18))}
   np.testing.assert_allclose(padded_logits, plain_logits, atol=1e-5, rtol=0)
   np.testing.assert_allclose(padded_loss, plain_loss, rtol=1e-6)
@@ -209,7 +209,7 @@ def test_cudnn_request_runs_anywhere_and_differentiates(lengths, mask_name):
   reference = attention.plain_attention(q, k, v, mask)[0]
   np.testing.assert_allclose(out.astype(jnp.float32), reference.astype(jnp.float32), atol=2e-2)
   grads = jax.jit(jax.grad(fused, argnums=(0, 1, 2)))(q, k, v)
-  reference_grads = jax.grad(plain, argnums=(0, 1, 2))(q, k, v)
+  reference_grads = jax.jit(jax.grad(plain, argnums=(0, 1, 2)))(q, k, v)
   for grad, reference_grad in zip(grads, reference_grads):
     scale = float(jnp.abs(reference_grad.astype(jnp.float32)).max())
     np.testing.assert_allclose(grad.astype(jnp.float32), reference_grad.astype(jnp.float32),

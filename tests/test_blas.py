@@ -78,12 +78,13 @@ def test_vit_with_blas_matches_xla_forward_and_gradients():
   model = models.get_model('ViT-testing', num_classes=5, scan_layers=True,
                            representation_size=8)
   images = _random(2, 16, 16, 3)
-  params = model.init(jax.random.PRNGKey(0), images)['params']
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), images)['params']
   params['head']['kernel'] = _random(*params['head']['kernel'].shape)
   apply = lambda p: model.apply({'params': p}, images)  # noqa: E731
   loss = lambda p: jnp.sum(model.apply({'params': p}, images, train=True) ** 2)  # noqa: E731
 
-  np.testing.assert_allclose(_on_blas(apply)(params), apply(params), rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(jax.jit(_on_blas(apply))(params), jax.jit(apply)(params),
+                             rtol=1e-4, atol=1e-4)
   got = jax.jit(_on_blas(jax.grad(loss)))(params)
   want = jax.jit(jax.grad(loss))(params)
   for (path, g), w in zip(jax.tree_util.tree_leaves_with_path(got), jax.tree.leaves(want)):
@@ -104,7 +105,7 @@ def test_vit_with_blas_matches_xla_forward_and_gradients():
 def test_flops_of_blas_products_count_like_xla():
   model = models.get_model('ViT-testing', num_classes=5)
   images = jnp.zeros((2, 16, 16, 3))
-  params = model.init(jax.random.PRNGKey(0), images)['params']
+  params = jax.eval_shape(model.init, jax.random.PRNGKey(0), images)['params']  # Only traced.
 
   def grad_fn(m):
     return jax.grad(lambda p: jnp.sum(m.apply({'params': p}, images)))
@@ -205,7 +206,7 @@ def test_attention_and_its_gradients_match_plain_attention():
   np.testing.assert_allclose(vjp_out, want_out, rtol=1e-5, atol=1e-6)
   loss = lambda f: (lambda *qkv: jnp.sum(jnp.sin(3 * f(*qkv))))  # noqa: E731
   got = jax.jit(jax.grad(loss(blas.attention), argnums=(0, 1, 2)))(query, key, value)
-  want = jax.grad(loss(reference), argnums=(0, 1, 2))(query, key, value)
+  want = jax.jit(jax.grad(loss(reference), argnums=(0, 1, 2)))(query, key, value)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 

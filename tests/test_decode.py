@@ -1,4 +1,10 @@
-"""Greedy and beam search: cache vs no cache, beam 1 vs greedy, EOS handling."""
+"""Greedy and beam search: cache vs no cache, beam 1 vs greedy, EOS handling.
+
+The searches run under `jax.jit`, as in use: eagerly, each of their operations would be
+dispatched and compiled on its own.
+"""
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -8,14 +14,25 @@ import pytest
 
 from vit_jax import decode, models
 
+# Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group('decode')
+
 VOCAB = 13
+
+
+def greedy_decode(model, params, inputs, **kwargs):
+  return jax.jit(functools.partial(decode.greedy_decode, model, **kwargs))(params, inputs)
+
+
+def beam_search(model, params, inputs, **kwargs):
+  return jax.jit(functools.partial(decode.beam_search, model, **kwargs))(params, inputs)
 
 
 @pytest.fixture(scope='module')
 def setup():
   model = models.get_model('Transformer-testing', vocab_size=VOCAB, dropout_rate=0.0)
   inputs = jnp.array([[5, 6, 7, 8, 0, 0], [3, 4, 9, 0, 0, 0], [2, 2, 2, 2, 2, 2]])
-  variables = model.init(jax.random.PRNGKey(0), inputs, jnp.ones((3, 5), jnp.int32))
+  variables = jax.jit(model.init)(jax.random.PRNGKey(0), inputs, jnp.ones((3, 5), jnp.int32))
   # Sharper, more varied output distributions than the small-init ones.
   params = jax.tree.map(lambda x: x * 3.0, variables['params'])
   return model, params, inputs
@@ -23,8 +40,8 @@ def setup():
 
 def test_cached_greedy_equals_rerunning_the_full_decoder(setup):
   model, params, inputs = setup
-  cached = jax.jit(lambda p, x: decode.greedy_decode(model, p, x, max_length=10))(params, inputs)
-  uncached = decode.greedy_decode(model, params, inputs, max_length=10, use_cache=False)
+  cached = greedy_decode(model, params, inputs, max_length=10)
+  uncached = greedy_decode(model, params, inputs, max_length=10, use_cache=False)
   np.testing.assert_array_equal(cached, uncached)
   assert len({tuple(row) for row in np.asarray(cached)}) > 1  # Not a trivial output.
 
@@ -32,18 +49,17 @@ def test_cached_greedy_equals_rerunning_the_full_decoder(setup):
 def test_a_single_step_decodes_the_first_token(setup):
   # The first step runs before the loop (it completes the cache): alone it is the whole decode.
   model, params, inputs = setup
-  greedy = decode.greedy_decode(model, params, inputs, max_length=10)
-  np.testing.assert_array_equal(decode.greedy_decode(model, params, inputs, max_length=1),
+  greedy = greedy_decode(model, params, inputs, max_length=10)
+  np.testing.assert_array_equal(greedy_decode(model, params, inputs, max_length=1),
                                 greedy[:, :1])
-  tokens, _ = decode.beam_search(model, params, inputs, max_length=1, beam_size=1, alpha=0.0)
+  tokens, _ = beam_search(model, params, inputs, max_length=1, beam_size=1, alpha=0.0)
   np.testing.assert_array_equal(tokens[:, 0], greedy[:, :1])
 
 
 def test_beam_of_one_equals_greedy(setup):
   model, params, inputs = setup
-  greedy = decode.greedy_decode(model, params, inputs, max_length=10)
-  tokens, scores = decode.beam_search(model, params, inputs, max_length=10, beam_size=1,
-                                      alpha=0.0)
+  greedy = greedy_decode(model, params, inputs, max_length=10)
+  tokens, scores = beam_search(model, params, inputs, max_length=10, beam_size=1, alpha=0.0)
   assert tokens.shape == (3, 1, 10) and scores.shape == (3, 1)
   np.testing.assert_array_equal(tokens[:, 0], greedy)
 
@@ -52,7 +68,7 @@ def _sequence_log_probs(model, params, inputs, sequences):
   """log p(sequence | inputs) by teacher forcing, for every sequence (N, L) and input row."""
   repeated = jnp.repeat(inputs, sequences.shape[0], axis=0)
   tiled = jnp.tile(sequences, (inputs.shape[0], 1))
-  log_probs = jax.nn.log_softmax(model.apply({'params': params}, repeated, tiled))
+  log_probs = jax.nn.log_softmax(jax.jit(model.apply)({'params': params}, repeated, tiled))
   picked = jnp.take_along_axis(log_probs, tiled[..., None], -1)[..., 0]
   return jnp.sum(jnp.where(tiled > 0, picked, 0.0), -1).reshape(inputs.shape[0], -1)
 
@@ -66,8 +82,7 @@ def test_a_wide_beam_finds_the_most_likely_sequence(setup):
   candidates = jnp.array(candidates, jnp.int32)
   exact = _sequence_log_probs(model, params, inputs, candidates)  # (B, 133)
   # 121 beams keep every unfinished 2-token prefix: the search is exhaustive.
-  tokens, scores = decode.beam_search(model, params, inputs, max_length=3, beam_size=121,
-                                      alpha=0.0)
+  tokens, scores = beam_search(model, params, inputs, max_length=3, beam_size=121, alpha=0.0)
   assert np.all(np.diff(np.asarray(scores), axis=1) <= 1e-6)  # Best first.
   np.testing.assert_allclose(scores[:, 0], exact.max(axis=1), atol=1e-4)
   np.testing.assert_array_equal(tokens[:, 0], candidates[jnp.argmax(exact, axis=1)])
@@ -77,8 +92,7 @@ def test_length_penalty_prefers_longer_outputs(setup):
   model, params, inputs = setup
   lengths = []
   for alpha in (0.0, 2.0):
-    tokens, _ = decode.beam_search(model, params, inputs, max_length=6, beam_size=8,
-                                   alpha=alpha)
+    tokens, _ = beam_search(model, params, inputs, max_length=6, beam_size=8, alpha=alpha)
     lengths.append(int(jnp.sum(tokens[:, 0] > 0)))
   assert lengths[1] >= lengths[0]
 

@@ -13,6 +13,9 @@ from vit_jax import errors, main, models, weights
 from vit_jax.data import images
 from vit_jax.train import classification, config as config_lib, losses
 
+# Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
+pytestmark = pytest.mark.xdist_group('distillation')
+
 
 def _softmax(z):
   z = np.exp(z - z.max(-1, keepdims=True))
@@ -128,8 +131,8 @@ def test_soft_distillation_from_a_hybrid_teacher_in_a_published_npz(always_3, tm
   # A hybrid ResNet+ViT teacher (the convolutional bias DeiT wants), stored as a published-
   # layout .npz: its own init, with a head that answers 3 for every image.
   teacher_model = models.get_model('R+ViT-testing', num_classes=10)
-  params = jax.tree.map(np.array, teacher_model.init(jax.random.PRNGKey(2),
-                                                     np.zeros((1, 8, 8, 3)))['params'])
+  params = jax.tree.map(np.array, jax.jit(teacher_model.init)(jax.random.PRNGKey(2),
+                                                              np.zeros((1, 8, 8, 3)))['params'])
   params['head']['bias'][3] = 10.0
   npz = str(tmp_path / 'hybrid.npz')
   weights.save_npz(npz, params)

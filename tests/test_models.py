@@ -133,7 +133,7 @@ def test_scan_and_remat_match_the_plain_stack(name, variant, images):
     other_params = models.stack_layers(other_params)
     assert other_params['Transformer']['encoderblock']['LayerNorm_0']['scale'].shape == (2, 32)
     assert jax.tree.structure(other_params) == jax.tree.structure(
-        other.init(jax.random.key(0), images)['params'])
+        jax.eval_shape(other.init, jax.random.key(0), images)['params'])
     round_trip = models.unstack_layers(other_params)
     assert jax.tree.all(jax.tree.map(np.array_equal, round_trip, variables['params']))
   np.testing.assert_allclose(other.apply({'params': other_params}, images),
@@ -166,7 +166,7 @@ def test_weight_standardised_conv():
 
 def test_hybrid_feature_map_is_patch_embedded():
   model = models.get_model('R+ViT-testing', num_classes=3)
-  variables = model.init(jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  variables = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
   # Root stride 4, second stage stride 2: 32x32 -> 4x4 tokens + class token.
   pos = variables['params']['Transformer']['posembed_input']['pos_embedding']
   assert pos.shape == (1, 1 + 16, 32)
@@ -202,11 +202,12 @@ def test_bfloat16_compute(name, images):
   variables = _perturbed_variables(model, images)
   reference = model.apply(variables, images)
   low = model.clone(dtype=jnp.bfloat16)
-  out = low.apply(variables, images)
+  out = jax.jit(low.apply)(variables, images)
   assert out.dtype == jnp.float32  # Logits come back in float32.
   assert jax.tree.all(jax.tree.map(lambda x: x.dtype == jnp.float32, variables))
   np.testing.assert_allclose(out, reference, atol=0.05 * float(jnp.abs(reference).max()))
-  bf16_params = low.clone(param_dtype=jnp.bfloat16).init(jax.random.key(0), images)
+  bf16_params = jax.eval_shape(low.clone(param_dtype=jnp.bfloat16).init, jax.random.key(0),
+                               images)
   assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(bf16_params))
 
 

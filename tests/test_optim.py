@@ -101,7 +101,7 @@ def test_layer_decay_scales_the_weight_decay_too():
                 schedule='constant')
   tx, _ = optim.make_optimizer(config, total_steps=10)
   zeros = jax.tree.map(jnp.zeros_like, params)
-  updates, _ = tx.update(zeros, tx.init(params), params)
+  updates, _ = jax.jit(tx.update)(zeros, tx.init(params), params)
   head, first = params['head']['kernel'], params['Transformer']['encoderblock_0']
   np.testing.assert_allclose(updates['Transformer']['encoderblock_0']['MlpBlock_3']['Dense_0'][
       'kernel'], -0.5 * 0.25 * first['MlpBlock_3']['Dense_0']['kernel'], rtol=1e-6)
