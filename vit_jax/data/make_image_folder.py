@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 from vit_jax import errors
+from vit_jax.data import digits
 
 NUM_TEST_ORIGINALS = 360  # Of the 1,797 digits, as many as the embedded 'digits' test split.
 MAX_ROTATION = 12.0  # Degrees, either way.
@@ -35,10 +36,8 @@ def split_ids(num_originals: int, seed: int) -> dict[str, np.ndarray]:
 
 def split_originals(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
   """sklearn's digits as uint8 (N, 8, 8) images and labels, per split of `split_ids`."""
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
-  digits = datasets.load_digits()
-  images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)
-  return {split: (images[ids], digits.target[ids])
+  images, labels = digits.originals()
+  return {split: (images[ids], labels[ids])
           for split, ids in split_ids(len(images), seed).items()}
 
 

@@ -19,7 +19,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import errors, files
-from vit_jax.data import tfds_common
+from vit_jax.data import digits, tfds_common
 from vit_jax.data.hosts import host_range
 from vit_jax.data.tf_cpu import tf
 
@@ -97,14 +97,13 @@ def digits_splits() -> dict[str, tuple[np.ndarray, np.ndarray]]:
   Returns:
     {'train' | 'test': (uint8 images (N, 8, 8, 1) with 0..16 scaled to 0..255, int64 labels (N,))}.
   """
-  from sklearn import datasets  # pylint: disable=g-import-not-at-top
-  digits = datasets.load_digits()
-  images = np.round(digits.images * (255.0 / 16.0)).astype(np.uint8)[..., None]  # (1797, 8, 8, 1)
+  images, labels = digits.originals()
+  images = images[..., None]  # (1797, 8, 8, 1)
   order = np.random.default_rng(0).permutation(len(images))
   test_ids, train_ids = order[:DIGITS_NUM_TEST], order[DIGITS_NUM_TEST:]
   return {
-      'train': (images[train_ids], digits.target[train_ids]),
-      'test': (images[test_ids], digits.target[test_ids]),
+      'train': (images[train_ids], labels[train_ids]),
+      'test': (images[test_ids], labels[test_ids]),
   }
 
 
