@@ -11,7 +11,7 @@ from helpers import user_error
 from PIL import Image
 
 from vit_jax import errors
-from vit_jax.data import images, make_image_folder
+from vit_jax.data import digits, images, make_image_folder
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -44,12 +44,12 @@ def test_same_flags_same_files_another_seed_others(tmp_path):
 
 
 def test_test_images_come_from_other_originals_than_train_images(tmp_path):
-  ids = make_image_folder.split_ids(1797, seed=0)
-  assert len(ids['test']) == make_image_folder.NUM_TEST_ORIGINALS
+  ids = digits.split_ids(seed=0)
+  assert len(ids['test']) == digits.NUM_TEST == 360
   assert not set(ids['train']) & set(ids['test'])
   assert sorted([*ids['train'], *ids['test']]) == list(range(1797))
   # Image n of a split is a variant of that split's original n % N: its class folder says so.
-  originals = make_image_folder.split_originals(seed=0)
+  originals = digits.splits(seed=0)
   make_image_folder.make(str(tmp_path), size=16, train_size=40, test_size=40)
   for split, (_, labels) in originals.items():
     for path in (tmp_path / split).glob('*/*.png'):

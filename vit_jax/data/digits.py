@@ -11,6 +11,7 @@ import os
 
 import numpy as np
 
+NUM_TEST = 360  # Of the 1,797 digits; the other 1,437 are the train split.
 _CSV = ('datasets', 'data', 'digits.csv.gz')  # Inside the sklearn package.
 
 
@@ -35,3 +36,15 @@ def originals() -> tuple[np.ndarray, np.ndarray]:
     digits = datasets.load_digits()
     levels, labels = digits.images, digits.target.astype(np.int64)
   return np.round(levels * (255.0 / 16.0)).astype(np.uint8), labels
+
+
+def split_ids(seed: int) -> dict[str, np.ndarray]:
+  """{'train', 'test'}: disjoint indices of the 1,797 digits, NUM_TEST of them test."""
+  order = np.random.default_rng(seed).permutation(1797)
+  return {'train': order[NUM_TEST:], 'test': order[:NUM_TEST]}
+
+
+def splits(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+  """{'train' | 'test': (uint8 images (N, 8, 8), int64 labels (N,))}, split by `split_ids`."""
+  images, labels = originals()
+  return {split: (images[ids], labels[ids]) for split, ids in split_ids(seed).items()}

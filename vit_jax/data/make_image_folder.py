@@ -21,24 +21,10 @@ from PIL import Image
 from vit_jax import errors
 from vit_jax.data import digits
 
-NUM_TEST_ORIGINALS = 360  # Of the 1,797 digits, as many as the embedded 'digits' test split.
 MAX_ROTATION = 12.0  # Degrees, either way.
 SCALES = (0.85, 1.05)  # Zoom of the upscaled digit, which fills 8/10 of the side.
 MAX_SHIFT = 0.08  # Of the side, in x and in y.
 NOISE = 8.0  # Standard deviation of the added Gaussian pixel noise, in 0..255 levels.
-
-
-def split_ids(num_originals: int, seed: int) -> dict[str, np.ndarray]:
-  """{'train', 'test'}: disjoint indices of the originals, NUM_TEST_ORIGINALS of them test."""
-  order = np.random.default_rng(seed).permutation(num_originals)
-  return {'train': order[NUM_TEST_ORIGINALS:], 'test': order[:NUM_TEST_ORIGINALS]}
-
-
-def split_originals(seed: int) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-  """sklearn's digits as uint8 (N, 8, 8) images and labels, per split of `split_ids`."""
-  images, labels = digits.originals()
-  return {split: (images[ids], labels[ids])
-          for split, ids in split_ids(len(images), seed).items()}
 
 
 def variant(image: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -83,7 +69,7 @@ def make(out: str, size: int = 32, train_size: int = 5000, test_size: int = 1000
                              f'{" and ".join(existing)}, or choose another --out.')
   for path in existing:
     shutil.rmtree(path)
-  originals = split_originals(seed)
+  originals = digits.splits(seed)
   for index, (split, count) in enumerate((('train', train_size), ('test', test_size))):
     images, labels = originals[split]
     # A generator per split: the test images are the same whatever --train_size is.

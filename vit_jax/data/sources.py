@@ -23,7 +23,6 @@ from vit_jax.data import digits, tfds_common
 from vit_jax.data.hosts import host_range
 from vit_jax.data.tf_cpu import tf
 
-DIGITS_NUM_TEST = 360  # Of sklearn's 1797 digits; the other 1437 are the train split.
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 _PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 _JPEG_SIGNATURE = b'\xff\xd8\xff'
@@ -97,14 +96,8 @@ def digits_splits() -> dict[str, tuple[np.ndarray, np.ndarray]]:
   Returns:
     {'train' | 'test': (uint8 images (N, 8, 8, 1) with 0..16 scaled to 0..255, int64 labels (N,))}.
   """
-  images, labels = digits.originals()
-  images = images[..., None]  # (1797, 8, 8, 1)
-  order = np.random.default_rng(0).permutation(len(images))
-  test_ids, train_ids = order[:DIGITS_NUM_TEST], order[DIGITS_NUM_TEST:]
-  return {
-      'train': (images[train_ids], labels[train_ids]),
-      'test': (images[test_ids], labels[test_ids]),
-  }
+  return {split: (images[..., None], labels)  # (N, 8, 8, 1)
+          for split, (images, labels) in digits.splits(seed=0).items()}
 
 
 def load_digits(config: ml_collections.ConfigDict, process_index: int,
