@@ -322,6 +322,31 @@ def test_folder_dataset(tmp_path, caplog, cache):
     assert batch['image'].shape == (4, 8, 8, 3) and set(batch['label'].tolist()) <= {0, 1}
 
 
+@pytest.mark.parametrize('folder, overrides', [
+    (False, dict(mixup_alpha=0.2, randaugment_layers=2, randaugment_magnitude=9)),
+    (True, dict(train_crop='resize')),
+    (True, dict(train_crop='inception_crop', randaugment_layers=1, randaugment_magnitude=5)),
+    (True, dict(train_crop='resize', cache=True)),
+])
+def test_pipelines_trace_their_functions_without_autograph(tmp_path, monkeypatch, folder,
+                                                           overrides):
+  """Every function given to tf.data is traced as written: AutoGraph's source rewrite took
+  most of each pipeline's build time, and a function that needed it would now fail here."""
+  from tensorflow.python.autograph.impl import api  # pylint: disable=g-import-not-at-top
+  converted = []
+  convert = api._convert_actual  # pylint: disable=protected-access
+  monkeypatch.setattr(api, '_convert_actual',
+                      lambda entity, *args: converted.append(entity) or convert(entity, *args))
+  if folder:
+    _make_folder(tmp_path)
+    overrides = dict(dataset=str(tmp_path), image_size=8, **overrides)
+  dataset = images.build(_config(**overrides), process_index=0, process_count=1)
+  batch = next(dataset.train_batches(batch_size=4, seed=0))
+  assert batch['image'].shape == (4, *dataset.image_shape)
+  assert next(iter(dataset.eval_batches(4)))['image'].shape == (4, *dataset.image_shape)
+  assert not converted, converted
+
+
 def test_folder_hosts_share_the_test_split(tmp_path):
   _make_folder(tmp_path)
   config = _config(dataset=str(tmp_path))

@@ -64,9 +64,10 @@ class EvalSplit:
 
   def _dataset(self, batch_size: int):
     from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
-    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
+    from vit_jax.data.tf_cpu import as_written, tf  # pylint: disable=g-import-not-at-top
     config = self._config
 
+    @as_written
     def preprocess_example(example):
       return {'image': preprocess.eval_images(example['image'], config),
               **self._label_fields(example),
@@ -96,9 +97,11 @@ class EvalSplit:
   def labels_present(self, label_feature: str = 'label') -> np.ndarray:
     """The sorted distinct values of `label_feature` in the whole split (images not decoded)."""
     import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
+    from vit_jax.data.tf_cpu import as_written  # pylint: disable=g-import-not-at-top
     records = self._builder.as_dataset(split=self.split, shuffle_files=False,
                                        decoders={'image': tfds.decode.SkipDecoding()})
-    labels = records.map(lambda example: example[label_feature]).batch(_LABEL_READ_BATCH)
+    labels = records.map(as_written(lambda example: example[label_feature]))
+    labels = labels.batch(_LABEL_READ_BATCH)
     found = [np.asarray(batch) for batch in labels.as_numpy_iterator()]
     return np.unique(np.concatenate(found)) if found else np.zeros((0,), np.int64)
 

@@ -131,10 +131,10 @@ class ImageDataset:
 
   def _decoded(self, records):
     """Records -> {'image': uint8, 'label': int32}, dropping undecodable ones where they occur."""
-    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
+    from vit_jax.data.tf_cpu import as_written, tf  # pylint: disable=g-import-not-at-top
     if self._source.decode is None:
       return records
-    decoded = records.map(self._source.decode, num_parallel_calls=tf.data.AUTOTUNE)
+    decoded = records.map(as_written(self._source.decode), num_parallel_calls=tf.data.AUTOTUNE)
     return decoded.ignore_errors(log_warning=True) if self._source.decode_can_fail else decoded
 
   def _seeds(self, seed: int) -> tuple[int, int, int]:
@@ -171,9 +171,10 @@ class ImageDataset:
 
   def _eval_dataset(self, batch_size: int):
     from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
-    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
+    from vit_jax.data.tf_cpu import as_written, tf  # pylint: disable=g-import-not-at-top
     config = self.config
 
+    @as_written
     def preprocess_example(example):
       return {'image': preprocess.eval_images(example['image'], config),
               'label': example['label'],

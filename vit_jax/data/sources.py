@@ -21,7 +21,7 @@ import numpy as np
 from vit_jax import errors, files
 from vit_jax.data import digits, tfds_common
 from vit_jax.data.hosts import host_range
-from vit_jax.data.tf_cpu import tf
+from vit_jax.data.tf_cpu import as_written, tf
 
 IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 _PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
@@ -165,6 +165,7 @@ def load_tfds(config: ml_collections.ConfigDict, process_index: int, process_cou
   train_split = host_split(config.train_split, process_index)
   test_split = host_split(config.test_split, process_index)
 
+  @as_written
   def image_and_label(example):
     return {'image': example['image'], 'label': example['label']}
 

@@ -187,8 +187,9 @@ def _read_pairs(dataset, source: str, target: str,
                 phase: progress.Phase | None = None) -> tuple[list[str], list[str]]:
   """A tf.data dataset of {source: string, target: string} -> two lists of str."""
   sources, targets = [], []
-  for batch in dataset.map(lambda example: (example[source], example[target])).batch(
-      4096).as_numpy_iterator():
+  from vit_jax.data.tf_cpu import as_written  # pylint: disable=g-import-not-at-top
+  pairs = dataset.map(as_written(lambda example: (example[source], example[target])))
+  for batch in pairs.batch(4096).as_numpy_iterator():
     sources.extend(s.decode('utf-8') for s in batch[0])
     targets.extend(t.decode('utf-8') for t in batch[1])
     if phase is not None:

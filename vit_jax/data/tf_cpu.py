@@ -2,7 +2,8 @@
 
 Import `tf` from here instead of `import tensorflow` in the data modules: the first import hides
 every GPU from TensorFlow before it can reserve GPU memory. TensorFlow's C++ start-up notes
-(INFO level) are silenced unless TF_CPP_MIN_LOG_LEVEL says otherwise.
+(INFO level) are silenced unless TF_CPP_MIN_LOG_LEVEL says otherwise. Functions given to
+tf.data (`map`, `scan`, `flat_map`) go through `as_written`.
 """
 
 import os
@@ -16,4 +17,15 @@ try:
 except RuntimeError:  # TF's devices were initialised by someone else already; nothing to undo.
   pass
 
-__all__ = ['tf']
+
+def as_written(fn):
+  """`fn` for tf.data to trace as written, without AutoGraph.
+
+  AutoGraph would first rewrite the Python source of `fn` and of everything it calls, which
+  is most of a pipeline's build time. The input functions need none of it: they branch with
+  `tf.cond` and `tf.where`, never with a Python `if` on a tensor.
+  """
+  return tf.autograph.experimental.do_not_convert(fn)
+
+
+__all__ = ['as_written', 'tf']

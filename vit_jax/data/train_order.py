@@ -11,7 +11,7 @@ the same batch, so a folder with bad files yields the same batches whether or no
 """
 
 from vit_jax import errors
-from vit_jax.data.tf_cpu import tf
+from vit_jax.data.tf_cpu import as_written, tf
 
 _NO_END = 2**62  # Positions of an endless stream.
 
@@ -40,14 +40,14 @@ def positions(start: int, num_records: int, shuffle_seed: int | None):
   """Endless dataset of (position, record index) from position `start` on."""
   _check_records(num_records)
   return tf.data.Dataset.range(start, _NO_END).map(
-      lambda p: (p, record_index(p, num_records, shuffle_seed)))
+      as_written(lambda p: (p, record_index(p, num_records, shuffle_seed))))
 
 
 def position_batches(start: int, batch_size: int, num_records: int, shuffle_seed: int | None):
   """Like `positions`, batched: (positions (batch_size,), record indices (batch_size,))."""
   _check_records(num_records)
   return tf.data.Dataset.range(start, _NO_END).batch(batch_size).map(
-      lambda p: (p, record_index(p, num_records, shuffle_seed)))
+      as_written(lambda p: (p, record_index(p, num_records, shuffle_seed))))
 
 
 def failsafe_map(dataset, prepare, failed_example: dict, start: int):
@@ -57,13 +57,15 @@ def failsafe_map(dataset, prepare, failed_example: dict, start: int):
   them to (position, example). Failed elements are dropped, then their positions refilled with
   (position, failed_example), so the order and positions stay those of `dataset`.
   """
-  prepared = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  prepared = dataset.map(as_written(prepare), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   prepared = prepared.ignore_errors(log_warning=True)
 
+  @as_written
   def previous_position(last, element):
     position, example = element
     return position, (last, position, example)
 
+  @as_written
   def with_gaps_filled(last, position, example):
     gap = tf.data.Dataset.zip((tf.data.Dataset.range(last + 1, position),
                                tf.data.Dataset.from_tensors(failed_example).repeat()))

@@ -17,7 +17,7 @@ import numpy as np
 
 from vit_jax import progress
 from vit_jax.data import augment, preprocess, train_order
-from vit_jax.data.tf_cpu import tf
+from vit_jax.data.tf_cpu import as_written, tf
 
 # Shuffle buffer of TFDS datasets read as a stream (tfrecord) when config.shuffle_buffer is 0.
 STREAM_SHUFFLE_BUFFER = 10_000
@@ -42,6 +42,7 @@ def _decoded(source, config, records, start: int):
 
   A record that fails to decode keeps its position, with a 1x1 image and 'ok' False.
   """
+  @as_written
   def decode(position, record):
     example = source.decode(record) if source.decode else record
     return position, {**example, 'ok': tf.constant(True)}
@@ -59,7 +60,7 @@ def _cached_reader(source, config):
   reading one stays in TensorFlow (no Python, no GIL) whatever the image sizes.
   """
   records = tf.data.Dataset.range(source.local_num_train_examples).map(
-      lambda index: (index, source.read_train(index)))
+      as_written(lambda index: (index, source.read_train(index))))
   decoded = _decoded(source, config, records, start=0)
   with progress.phase(f'Decoding the {source.local_num_train_examples} train images of this '
                       'host into memory (config.data.cache)'):
@@ -89,14 +90,14 @@ def _records(source, config, shuffle_seed: int, start: int):
     buffer = STREAM_SHUFFLE_BUFFER if config.shuffle_buffer == 0 else config.shuffle_buffer
     records = source.train(shuffle_seed)
     if config.cache:  # Decode once, keep in memory, shuffle the decoded examples.
-      records = records.map(source.decode, num_parallel_calls=_AUTOTUNE).cache()
-      records = records.map(lambda example: {**example, 'ok': tf.constant(True)})
+      records = records.map(as_written(source.decode), num_parallel_calls=_AUTOTUNE).cache()
+      records = records.map(as_written(lambda example: {**example, 'ok': tf.constant(True)}))
     records = records.shuffle(buffer, seed=shuffle_seed).repeat().skip(start)
     return records.enumerate(start=start)
   order_seed = None if config.shuffle_buffer == 1 else shuffle_seed
   indices = train_order.positions(start, source.local_num_train_examples, order_seed)
   read = _cached_reader(source, config) if config.cache else source.read_train
-  return indices.map(lambda position, index: (position, read(index)),
+  return indices.map(as_written(lambda position, index: (position, read(index))),
                      num_parallel_calls=_AUTOTUNE)
 
 
@@ -109,6 +110,7 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
   def seed_for(index):
     return tf.stack([tf.constant(seeds.augment, tf.int64), index])
 
+  @as_written
   def preprocess_batch(positions, batch):
     step = positions[0] // batch_size
     crops = preprocess.train_crops(batch['image'], seed_for(step), config)
@@ -119,7 +121,8 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
     order_seed = None if config.shuffle_buffer == 1 else seeds.shuffle
     batches = train_order.position_batches(start, batch_size, source.local_num_train_examples,
                                            order_seed)
-    batches = batches.map(lambda positions, indices: (positions, source.read_train(indices)))
+    batches = batches.map(
+        as_written(lambda positions, indices: (positions, source.read_train(indices))))
     return _finished(batches.map(preprocess_batch, num_parallel_calls=_AUTOTUNE), source,
                      config, num_classes, seeds)
   records = _records(source, config, seeds.shuffle, start)
@@ -131,6 +134,7 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
   else:
     if not config.cache and source.encoded is not None and config.train_crop == 'inception_crop':
       # Decoding and cropping in one: a JPEG decodes only the crop's window.
+      @as_written
       def crop_record(position, record):
         crops = preprocess.train_crops(source.encoded(record), seed_for(position), config,
                                        encoded=True)
@@ -144,6 +148,7 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
         examples = records.map(crop_record, num_parallel_calls=_AUTOTUNE)
 
       if config.randaugment_layers > 0 and config.randaugment_magnitude > 0:
+        @as_written
         def randaugment_example(position, example):
           images = preprocess.randaugment_images(example['image'][None], seed_for(position),
                                                  config)
@@ -152,6 +157,7 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
         examples = examples.map(randaugment_example, num_parallel_calls=_AUTOTUNE)
     else:
       # Images of varying sizes: preprocess each (as a batch of one) to the common size.
+      @as_written
       def preprocess_example(position, example):
         crops = preprocess.train_crops(example['image'][None], seed_for(position), config)
         images = preprocess.randaugment_images(crops, seed_for(position), config)
@@ -159,13 +165,14 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
 
       examples = examples.map(preprocess_example, num_parallel_calls=_AUTOTUNE)
     batches = examples.batch(batch_size, drop_remainder=True).map(
-        lambda positions, batch: (positions[0] // batch_size, batch))
+        as_written(lambda positions, batch: (positions[0] // batch_size, batch)))
 
   return _finished(batches, source, config, num_classes, seeds)
 
 
 def _finished(batches, source, config, num_classes: int, seeds: Seeds):
   """(step, uint8 batch) -> the batches the trainer takes: failed rows filled, float32, mixup."""
+  @as_written
   def finish(step, batch):
     if source.decode_can_fail:
       batch = train_order.fill_failed_rows(batch)
