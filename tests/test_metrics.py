@@ -18,6 +18,20 @@ def test_reports_carry_resident_memory_now_and_at_its_peak():
   assert loop._memory({'peak_resident_bytes': 2e9}) == 'memory ? GB (peak 2.00 GB)'
 
 
+def test_evaluation_and_saving_time_is_left_out_of_the_rates(monkeypatch):
+  clock = iter([0.0, 10.0, 30.0, 40.0])  # Start, report at step 2, report at step 4, summary.
+  monkeypatch.setattr(metrics.time, 'perf_counter', lambda: next(clock))
+  progress = metrics.Progress(start_step=0, total_steps=10, batch_size=4)
+  progress.add_data_wait(1.0)
+  assert progress.report(step=2)['examples_per_sec'] == 8 / 10
+  progress.exclude(15.0)  # An evaluation after step 2: 20 s between reports, 5 s of training.
+  progress.add_data_wait(1.0)
+  stats = progress.report(step=4)
+  assert stats['examples_per_sec'] == 8 / 5 and stats['data_wait_fraction'] == 1 / 5
+  assert stats['eta'] == 6 / (2 / 5)
+  assert progress.summary() == '4 steps in 0m40s; waiting for data 5.0% of the wall time'
+
+
 def test_tensorboard_reads_the_scalars_which_are_written_without_tensorflow(tmp_path):
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top

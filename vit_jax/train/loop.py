@@ -325,6 +325,7 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
           f'data wait {100 * stats["data_wait_fraction"]:.0f}%  '
           f'{_memory(stats)}  ETA {progress.format_duration(stats["eta"])}')
       pending = []
+    not_training_since = time.perf_counter()
     if do_eval:
       last_eval = eval_loop.evaluate_state(task, state, mesh, eval_sums)
       writer.write(step, 'test', last_eval)
@@ -332,6 +333,7 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
           f'{k} {v:.4f}' for k, v in last_eval.items()))
     if do_save:
       checkpointer.save(step, state)
+    timer.exclude(time.perf_counter() - not_training_since)
     if not is_last and stop.requested(step):
       if not do_save:
         checkpointer.save(step, state)

@@ -72,7 +72,11 @@ def read_rows(workdir: str) -> list[dict]:
 
 
 class Progress:
-  """For log lines: examples/s, ETA, the share of time spent on data, resident memory."""
+  """For log lines: examples/s, ETA, the share of time spent on data, resident memory.
+
+  The rates are of training time: what `exclude` is told of (evaluations, saves) is left out
+  of the window it falls in, and counts only in `summary`'s wall time.
+  """
 
   def __init__(self, start_step: int, total_steps: int, batch_size: int):
     self.total_steps, self.batch_size = total_steps, batch_size
@@ -80,14 +84,19 @@ class Progress:
     self._start_step = self._last_step = start_step
     self.data_wait = 0.0  # Seconds spent waiting for input since the last report.
     self.total_data_wait = 0.0
+    self._excluded = 0.0  # Seconds of evaluation and saving since the last report.
 
   def add_data_wait(self, seconds: float):
     self.data_wait += seconds
     self.total_data_wait += seconds
 
+  def exclude(self, seconds: float):
+    """`seconds` since the last report that were not training (an evaluation, a save)."""
+    self._excluded += seconds
+
   def report(self, step: int) -> dict:
     now = time.perf_counter()
-    elapsed = max(now - self._last_time, 1e-9)
+    elapsed = max(now - self._last_time - self._excluded, 1e-9)
     steps = step - self._last_step
     rate = steps / elapsed
     remaining = (self.total_steps - step) / rate if rate else float('inf')
@@ -97,7 +106,7 @@ class Progress:
              'peak_resident_bytes': peak}
     if resident is not None:
       stats['resident_bytes'] = resident
-    self._last_time, self._last_step, self.data_wait = now, step, 0.0
+    self._last_time, self._last_step, self.data_wait, self._excluded = now, step, 0.0, 0.0
     return stats
 
   def summary(self) -> str:
