@@ -22,14 +22,15 @@ NUM_DATES = 100
 
 @pytest.fixture(scope='module')
 def dates(tmp_path_factory):
-  """A dates workdir after one step (its answers need not be right, only repeatable: its
-  near-random weights give each date another answer), and 100 of its test dates."""
+  """A dates workdir after 80 steps of batch 16, and 100 of its test dates. Its answers need
+  not be right, only repeatable and varied: were every answer the same, an export that
+  ignored its input would match too."""
   workdir = str(tmp_path_factory.mktemp('dates') / 'run')
   config = config_lib.from_file(str(REPO / 'configs/transformer_dates.py'))
-  config = override(config, {'total_steps': 80, 'data.dates_train_size': 512,
-                             'data.dates_test_size': NUM_DATES, 'eval_every': 0,
-                             'checkpoint_every': 0, 'log_every': 10, 'num_eval_decode': 4,
-                             'decode_batch_size': 32})
+  config = override(config, {'total_steps': 80, 'batch_size': 16,
+                             'data.dates_train_size': 512, 'data.dates_test_size': NUM_DATES,
+                             'eval_every': 0, 'checkpoint_every': 0, 'log_every': 10,
+                             'num_eval_decode': 4, 'decode_batch_size': 32})
   main.run(config, workdir)
   sources = [source for source, _ in text.build(config.data, workdir=workdir).eval_texts()]
   assert len(sources) == NUM_DATES
