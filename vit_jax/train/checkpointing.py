@@ -31,8 +31,11 @@ from vit_jax.train import checkpoint_mirror, orbax_errors
 
 _ITEM = 'default'  # The directory of the state in each step's directory (orbax's name).
 # restore_params reads this many groups of arrays one after the other: the buffers of reading
-# (which orbax does concurrently within a group) stay about params / _READ_GROUPS.
+# (which orbax does concurrently within a group) stay about params / _READ_GROUPS. A group
+# holds at least _MIN_READ_GROUP_BYTES: each read parses the checkpoint's whole metadata
+# again, which for a small model takes far longer than its arrays.
 _READ_GROUPS = 16
+_MIN_READ_GROUP_BYTES = 16 * 2**20
 _ASIDE = 'unreadable-{step}'  # Where training moves a checkpoint it cannot read.
 # How the config asks readers other than training to take an older readable checkpoint.
 FALL_BACK_HINT = '--config.checkpoint_fallback=True'
@@ -114,9 +117,9 @@ def restore_params(workdir: str, fall_back: bool = False, ema: bool = False) -> 
 
 def _read_groups(items: dict) -> list[list[str]]:
   """The names of `items` (arrays' shapes) in consecutive groups of about 1/_READ_GROUPS
-  of their bytes (a larger array: alone)."""
+  of their bytes, and at least _MIN_READ_GROUP_BYTES (a larger array: alone)."""
   sizes = {name: math.prod(a.shape) * np.dtype(a.dtype).itemsize for name, a in items.items()}
-  limit = sum(sizes.values()) / _READ_GROUPS
+  limit = max(sum(sizes.values()) / _READ_GROUPS, _MIN_READ_GROUP_BYTES)
   groups, group_size = [[]], 0
   for name, size in sizes.items():
     if groups[-1] and group_size + size > limit:
