@@ -57,7 +57,8 @@ def failsafe_map(dataset, prepare, failed_example: dict, start: int):
   them to (position, example). Failed elements are dropped, then their positions refilled with
   (position, failed_example), so the order and positions stay those of `dataset`.
   """
-  prepared = dataset.map(as_written(prepare), num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  prepared = dataset.map(as_written(prepare), num_parallel_calls=tf.data.AUTOTUNE,
+                         deterministic=True)
   prepared = prepared.ignore_errors(log_warning=True)
 
   @as_written
