@@ -11,7 +11,8 @@ import os
 
 import numpy as np
 
-NUM_TEST = 360  # Of the 1,797 digits; the other 1,437 are the train split.
+NUM_DIGITS = 1797  # In scikit-learn's file.
+NUM_TEST = 360  # Of the NUM_DIGITS; the other 1,437 are the train split.
 _CSV = ('datasets', 'data', 'digits.csv.gz')  # Inside the sklearn package.
 
 
@@ -40,7 +41,7 @@ def originals() -> tuple[np.ndarray, np.ndarray]:
 
 def split_ids(seed: int) -> dict[str, np.ndarray]:
   """{'train', 'test'}: disjoint indices of the 1,797 digits, NUM_TEST of them test."""
-  order = np.random.default_rng(seed).permutation(1797)
+  order = np.random.default_rng(seed).permutation(NUM_DIGITS)
   return {'train': order[NUM_TEST:], 'test': order[:NUM_TEST]}
 
 

@@ -54,11 +54,11 @@ def failsafe_map(dataset, prepare, failed_example: dict, start: int):
   """`dataset.map(prepare)` where an element whose `prepare` raises becomes `failed_example`.
 
   `dataset` holds (position, record) with consecutive positions from `start`; `prepare` maps
-  them to (position, example). Failed elements are dropped, then their positions refilled with
-  (position, failed_example), so the order and positions stay those of `dataset`.
+  them to (position, example), traced as given (callers pass it `as_written`). Failed elements
+  are dropped, then their positions refilled with (position, failed_example), so the order and
+  positions stay those of `dataset`.
   """
-  prepared = dataset.map(as_written(prepare), num_parallel_calls=tf.data.AUTOTUNE,
-                         deterministic=True)
+  prepared = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   prepared = prepared.ignore_errors(log_warning=True)
 
   @as_written
