@@ -1,5 +1,6 @@
 """Shared test helpers."""
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -113,10 +114,11 @@ def cached_teacher_forced_logits(model, params, inputs, targets):
   return jnp.stack(steps, axis=1)
 
 
-# Runs `python -m MODULE ARGS...` and prints, at exit, how many malloc arenas glibc
-# made (malloc_info writes one <heap> per arena) and whether Keras was imported.
+# Runs `python -m MODULE ARGS...` and prints, after its other exit handlers, how many malloc
+# arenas glibc made (malloc_info writes one <heap> per arena), whether Keras was imported, the
+# garbage collector's full-collection threshold and how many objects were frozen.
 _RUN_AND_INSPECT = """
-import atexit, ctypes, re, runpy, sys, tempfile
+import atexit, ctypes, gc, re, runpy, sys, tempfile
 
 def inspect():
   libc = ctypes.CDLL('libc.so.6')
@@ -127,6 +129,8 @@ def inspect():
     libc.fclose(stream)
     print('arenas:', len(re.findall(r'<heap nr=', open(out.name).read())))
   print('keras:', 'keras' in sys.modules)
+  print('full collection threshold:', gc.get_threshold()[2])
+  print('frozen:', gc.get_freeze_count())
 
 atexit.register(inspect)
 module, sys.argv = sys.argv[1], sys.argv[1:]
@@ -134,13 +138,22 @@ runpy.run_module(module, run_name='__main__', alter_sys=True)
 """
 
 
-def process_after(module: str, *args: str, cwd: str) -> tuple[int, bool]:
-  """(glibc malloc arenas, whether Keras was imported) at the exit of `python -m module
-  *args` on the CPU (Linux), started without TF_USE_LEGACY_KERAS (which the tests set)."""
+@dataclasses.dataclass(frozen=True)
+class ProcessReport:
+  arenas: int  # glibc's malloc arenas.
+  keras: bool  # Whether Keras was imported.
+  full_collection_threshold: int  # gc.get_threshold()[2].
+  frozen: int  # gc.get_freeze_count() after the program's exit handlers.
+
+
+def process_after(module: str, *args: str, cwd: str) -> ProcessReport:
+  """What `python -m module *args` left at its exit, on the CPU (Linux), started without
+  TF_USE_LEGACY_KERAS (which the tests set)."""
   env = {k: v for k, v in os.environ.items() if k != 'TF_USE_LEGACY_KERAS'}
   env['JAX_PLATFORMS'] = 'cpu'
   out = subprocess.run([sys.executable, '-c', _RUN_AND_INSPECT, module, *args],
                        capture_output=True, text=True, cwd=cwd, env=env)
   assert out.returncode == 0, out.stderr
-  report = dict(line.split(': ') for line in out.stdout.splitlines()[-2:])
-  return int(report['arenas']), report['keras'] == 'True'
+  report = dict(line.split(': ') for line in out.stdout.splitlines()[-4:])
+  return ProcessReport(int(report['arenas']), report['keras'] == 'True',
+                       int(report['full collection threshold']), int(report['frozen']))

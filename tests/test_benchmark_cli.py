@@ -15,9 +15,9 @@ from vit_jax.benchmark import cli
 def test_malloc_is_tuned_before_threads_start(flags, tuned):
   # By default on CPUs. Set after JAX's threads first allocate, glibc's arena limit
   # would not hold.
-  arenas, _ = process_after('vit_jax.benchmark', *TINY_VIT, *flags,
-                            cwd=os.path.dirname(os.path.dirname(__file__)))
-  assert arenas == 1 if tuned else arenas > 1
+  report = process_after('vit_jax.benchmark', *TINY_VIT, *flags,
+                          cwd=os.path.dirname(os.path.dirname(__file__)))
+  assert report.arenas == 1 if tuned else report.arenas > 1
 
 
 def test_bad_arguments_are_rejected():

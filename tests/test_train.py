@@ -144,12 +144,15 @@ def test_main_tunes_malloc_before_threads_start_and_starts_tensorflow_without_ke
   # glibc's arena limit only holds if set before JAX's, TF's and orbax's threads
   # first allocate; set later, each thread keeps an arena of its own (as the
   # benchmark's untuned case in test_benchmark shows). Keras would add seconds to the start.
-  arenas, keras = process_after(
+  # The garbage collector runs as runtime.collect_garbage_sparingly sets it.
+  report = process_after(
       'vit_jax.main', '--config=configs/vit_digits.py', f'--workdir={tmp_path}',
       '--config.total_steps=2', '--config.model.num_layers=1', '--config.eval_every=0',
       '--config.checkpoint_every=0', cwd=REPO)
-  assert arenas == 1
-  assert not keras
+  assert report.arenas == 1
+  assert not report.keras
+  assert report.full_collection_threshold == runtime.PROGRAM_FULL_COLLECTION_THRESHOLD
+  assert report.frozen > 100_000  # What the imports made, at least.
 
 
 @pytest.mark.parametrize('platforms, on_cpu', [('cpu', True), ('cpu,cuda', True),

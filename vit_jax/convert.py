@@ -55,4 +55,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == '__main__':
   runtime.tensorflow_without_keras()
+  runtime.collect_garbage_sparingly()
   sys.exit(main())

@@ -12,4 +12,5 @@ from vit_jax.benchmark import cli  # pylint: disable=g-import-not-at-top,wrong-i
 
 if __name__ == '__main__':
   runtime.tensorflow_without_keras()
+  runtime.collect_garbage_sparingly()
   sys.exit(cli.main())
