@@ -43,7 +43,7 @@ def test_notebook_cells_are_clean(name):
 
 
 def test_vit_notebook_runs_headless(tmp_path):
-  notebook = run_notebook('vit_jax.ipynb', {'TRAIN_STEPS': 30, 'NUM_IMAGES': 2}, str(tmp_path))
+  notebook = run_notebook('vit_jax.ipynb', {'TRAIN_STEPS': 10, 'NUM_IMAGES': 2}, str(tmp_path))
   # Top-5 bars, training curves and two attention-map figures.
   assert _image_outputs(notebook) == 4
   assert 'test accuracy' in _text(notebook)
@@ -52,8 +52,8 @@ def test_vit_notebook_runs_headless(tmp_path):
 
 def test_transformer_notebook_runs_headless(tmp_path):
   notebook = run_notebook('transformer.ipynb',
-                          {'TRAIN_STEPS': 30, 'SENTENCES': ['March 3, 2021', '1 mai 1999'],
-                           'BEAM_SIZE': 2}, str(tmp_path))
+                          {'TRAIN_STEPS': 10, 'SENTENCES': ['March 3, 2021', '1 mai 1999'],
+                           'BEAM_SIZE': 2, 'NUM_EVAL_DECODE': 16}, str(tmp_path))
   # Training curves and one cross-attention heat map per sentence.
   assert _image_outputs(notebook) == 3
   assert "'March 3, 2021'" in _text(notebook) and 'beam 2' in _text(notebook)
