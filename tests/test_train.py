@@ -4,8 +4,10 @@ fine-tune, distil, accumulate, and the errors a user meets."""
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
+import time
 
 import jax
 import jax.numpy as jnp
@@ -175,6 +177,29 @@ def test_jax_runs_on_cpu_without_jax_platforms_matches_the_backend():
   assert out.returncode == 0, out.stderr
   predicted, actual = out.stdout.split()[-2:]
   assert predicted == actual
+
+
+def test_the_first_log_line_leaves_the_compilation_out(tmp_path, monkeypatch, capsys):
+  # A train step that takes 3 s to trace, as a large model takes to compile: its own line
+  # says so, and the first log line's ex/s (and ETA) are the steps' alone.
+  make_train_step = loop.make_train_step
+
+  def slow_to_trace(*args, **kwargs):
+    train_step = make_train_step(*args, **kwargs)
+
+    def traced_slowly(state, batch, frozen):
+      time.sleep(3)  # Runs while jax.jit traces, once.
+      return train_step(state, batch, frozen)
+    return traced_slowly
+
+  monkeypatch.setattr(loop, 'make_train_step', slow_to_trace)
+  workdir = str(tmp_path / 'run')
+  main.run(tiny_config(total_steps=4, log_every=4, eval_every=0, checkpoint_every=0), workdir)
+  compiled = re.search(r'^Compiled the train step in ([\d.]+)s\.$', capsys.readouterr().out,
+                       re.M)
+  assert float(compiled.group(1)) >= 3
+  (first,) = read_metrics(workdir, 'train')
+  assert 4 * 32 / first['examples_per_sec'] < 3  # The window's seconds, without the 3.
 
 
 def test_bfloat16_compute_trains(tmp_path, monkeypatch):

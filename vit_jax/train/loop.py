@@ -294,7 +294,12 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
     wait_start = time.perf_counter()
     batch = next(batches)
     timer.add_data_wait(time.perf_counter() - wait_start)
+    call_start = time.perf_counter()
     state, step_metrics = train_step(state, batch, frozen)
+    if step == start_step + 1:  # The call returns once traced, compiled and dispatched.
+      compile_seconds = time.perf_counter() - call_start
+      timer.exclude(compile_seconds)  # The first log line's ex/s and ETA are the steps'.
+      progress.log(f'Compiled the train step in {compile_seconds:.1f}s.')
     pending.append((step, step_metrics))
     checkpointer.check()  # A save that failed in the background stops the run now.
 
