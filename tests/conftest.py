@@ -18,6 +18,12 @@ import pytest
 # which the programs call), in this process, the workers and every subprocess they start.
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
 
+# The test processes run the collector as the programs do: the workers hold JAX's,
+# TensorFlow's and torch's objects, which every full collection would scan again.
+from vit_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+runtime.collect_garbage_sparingly()
+
 # Where timm is installed (for the comparisons), load it first: triton, which torch loads
 # for timm, crashes (SIGSEGV) a process that has loaded TensorFlow before it.
 if importlib.util.find_spec('timm') is not None:
@@ -72,7 +78,6 @@ _OWN_CACHE = None
 # set a device count keep it: tests/test_distributed.py, test_mesh.py, test_evaluation.py).
 _NO_LLVM_OPTIMIZATION = '--xla_backend_optimization_level=0'
 if not _WORKER and 'xla_backend_optimization_level' not in os.environ.get('XLA_FLAGS', ''):
-  from vit_jax import runtime  # pylint: disable=g-import-not-at-top
   if runtime.jax_runs_on_cpu():
     os.environ['XLA_FLAGS'] = f'{os.environ.get("XLA_FLAGS", "")} {_NO_LLVM_OPTIMIZATION}'.strip()
 
