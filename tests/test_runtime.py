@@ -3,10 +3,12 @@
 import subprocess
 import sys
 
+from vit_jax import runtime
+
 # A program that sets the collector as the command-line programs do, then leaves garbage
 # in a reference cycle with a finalizer at exit.
 _PROGRAM = """
-import gc, sys
+import gc
 from vit_jax import runtime
 runtime.collect_garbage_sparingly()
 
@@ -28,5 +30,5 @@ def test_garbage_left_at_exit_is_still_finalized():
                        timeout=120)
   assert out.returncode == 0, out.stderr
   lines = out.stdout.splitlines()
-  assert lines[0] == 'threshold 100'
+  assert lines[0] == f'threshold {runtime.PROGRAM_FULL_COLLECTION_THRESHOLD}'
   assert 'finalized garbage' in lines[1:]
