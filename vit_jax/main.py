@@ -159,7 +159,6 @@ def _main_with_errors(argv):
 
 
 if __name__ == '__main__':
-  runtime.tensorflow_without_keras()
-  runtime.collect_garbage_sparingly()
+  runtime.start_program()
   app.run(_main_with_errors,
           flags_parser=functools.partial(flag_errors.parse_flags, default_spec=_SAVED_CONFIG))

@@ -99,6 +99,13 @@ def _collect_and_freeze() -> None:
   gc.freeze()
 
 
+def start_program() -> None:
+  """What the command-line programs set first thing: TensorFlow's import without Keras, and
+  the garbage collector (`tensorflow_without_keras`, `collect_garbage_sparingly`)."""
+  tensorflow_without_keras()
+  collect_garbage_sparingly()
+
+
 def peak_resident_bytes() -> int:
   """This process's peak resident memory as the kernel counts it (getrusage), in bytes."""
   peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

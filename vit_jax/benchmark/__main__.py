@@ -11,6 +11,5 @@ from vit_jax import runtime  # pylint: disable=g-import-not-at-top,wrong-import-
 from vit_jax.benchmark import cli  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 if __name__ == '__main__':
-  runtime.tensorflow_without_keras()
-  runtime.collect_garbage_sparingly()
+  runtime.start_program()
   sys.exit(cli.main())

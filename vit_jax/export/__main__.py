@@ -43,6 +43,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == '__main__':
-  runtime.tensorflow_without_keras()
-  runtime.collect_garbage_sparingly()
+  runtime.start_program()
   sys.exit(main())
