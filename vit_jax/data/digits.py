@@ -40,7 +40,7 @@ def originals() -> tuple[np.ndarray, np.ndarray]:
 
 
 def split_ids(seed: int) -> dict[str, np.ndarray]:
-  """{'train', 'test'}: disjoint indices of the 1,797 digits, NUM_TEST of them test."""
+  """{'train', 'test'}: disjoint indices of the NUM_DIGITS digits, NUM_TEST of them test."""
   order = np.random.default_rng(seed).permutation(NUM_DIGITS)
   return {'train': order[NUM_TEST:], 'test': order[:NUM_TEST]}
 

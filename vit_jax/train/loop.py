@@ -293,8 +293,8 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
   for step in range(start_step + 1, config.total_steps + 1):
     wait_start = time.perf_counter()
     batch = next(batches)
-    timer.add_data_wait(time.perf_counter() - wait_start)
     call_start = time.perf_counter()
+    timer.add_data_wait(call_start - wait_start)
     state, step_metrics = train_step(state, batch, frozen)
     if step == start_step + 1:  # The call returns once traced, compiled and dispatched.
       compile_seconds = time.perf_counter() - call_start
