@@ -1,9 +1,15 @@
 """The process-wide settings of a program (vit_jax.runtime)."""
 
+import os
+import re
 import subprocess
 import sys
 
-from vit_jax import runtime
+import jax
+import pytest
+from helpers import REPO, digits_command, final_eval
+
+from vit_jax import errors, runtime
 
 # A program that sets the collector as the command-line programs do, then leaves garbage
 # in a reference cycle with a finalizer at exit.
@@ -32,3 +38,57 @@ def test_garbage_left_at_exit_is_still_finalized():
   lines = out.stdout.splitlines()
   assert lines[0] == f'threshold {runtime.PROGRAM_FULL_COLLECTION_THRESHOLD}'
   assert 'finalized garbage' in lines[1:]
+
+
+def test_auto_compilation_cache_is_the_environments_else_the_users_on_accelerators(
+    monkeypatch, tmp_path):
+  monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'xdg'))
+  monkeypatch.delenv('JAX_COMPILATION_CACHE_DIR', raising=False)
+  assert runtime.compilation_cache_dir('auto', on_cpu=False) == str(tmp_path / 'xdg/vit_jax/xla')
+  assert runtime.compilation_cache_dir('auto', on_cpu=True) is None
+  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path / 'env'))
+  for on_cpu in (True, False):
+    assert runtime.compilation_cache_dir('auto', on_cpu) == str(tmp_path / 'env')
+    assert runtime.compilation_cache_dir('off', on_cpu) is None
+    assert runtime.compilation_cache_dir(str(tmp_path / 'mine'), on_cpu) == str(tmp_path / 'mine')
+  monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+  assert runtime.compilation_cache_dir('~/xla', True) == str(tmp_path / 'home/xla')
+  with pytest.raises(errors.ConfigError, match="compilation_cache is empty: name a directory"):
+    runtime.compilation_cache_dir('', True)
+
+
+def test_off_turns_the_environments_cache_off(monkeypatch, tmp_path):
+  monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path))
+  saved = jax.config.jax_compilation_cache_dir
+  try:
+    assert runtime.use_compilation_cache('off') is None
+    assert jax.config.jax_compilation_cache_dir is None
+  finally:
+    jax.config.update('jax_compilation_cache_dir', saved)
+
+
+def test_a_second_start_reads_the_programs_the_first_compiled(tmp_path):
+  """`--config.compilation_cache=DIR`: the train step compiled by one run is read by the next."""
+  cache = tmp_path / 'cache'
+  env = {k: v for k, v in os.environ.items() if k != 'JAX_COMPILATION_CACHE_DIR'}
+  env['JAX_LOG_COMPILES'] = '1'  # JAX then says which programs it read from the cache.
+  hits = []
+  for run in ('first', 'second'):
+    out = subprocess.run(
+        digits_command(tmp_path / run, 2, '--config.model.num_layers=1',
+                       f'--config.compilation_cache={cache}'),
+        capture_output=True, text=True, cwd=REPO, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    hits.append(re.findall(r"Persistent compilation cache hit for '(\w+)'", out.stderr))
+    assert list(cache.glob('jit_train_step-*'))
+  assert 'jit_train_step' not in hits[0] and 'jit_train_step' in hits[1], hits
+
+
+def test_an_unusable_compilation_cache_costs_a_warning_not_the_run(tmp_path):
+  (tmp_path / 'a_file').write_text('')
+  out = subprocess.run(digits_command(tmp_path / 'run', 2, '--config.model.num_layers=1',
+                                      f'--config.compilation_cache={tmp_path}/a_file/xla'),
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert out.returncode == 0, out.stderr
+  assert 'persistent compilation cache' in out.stderr
+  assert final_eval(out, 2)

@@ -100,8 +100,9 @@ USE_EMA_MODES = ('predict', 'translate', 'visualize')  # The modes that config.u
 def run(config, workdir: str):
   """Runs mode `config.trainer` (see MODES and config.TRAINERS) on `config.task`.
 
-  `config.tune_malloc` is a setting of the whole process, which `main` applies at
-  start-up (`tune_malloc_for`); callers of `run` apply it themselves, if at all.
+  `config.tune_malloc` and `config.compilation_cache` are settings of the whole process,
+  which `main` applies at start-up (`tune_malloc_for`, `runtime.use_compilation_cache`);
+  callers of `run` apply them themselves, if at all.
   """
   from vit_jax.train import config as config_lib  # pylint: disable=g-import-not-at-top
   if config.task not in config_lib.TRAINERS:
@@ -142,6 +143,7 @@ def main(argv):
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # Orbax and TF are chatty at INFO.
   tune_malloc_for(config)  # First: before JAX, TF or orbax start threads.
+  runtime.use_compilation_cache(config.get('compilation_cache', 'auto'))
   distributed.initialize(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
                          _PROCESS_ID.value, _DISTRIBUTED_TIMEOUT.value, _HEARTBEAT_TIMEOUT.value)
   run(config, workdir)

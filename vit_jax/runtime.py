@@ -1,5 +1,5 @@
 """The process's runtime: which backend JAX will start, glibc's malloc tuning, TensorFlow's
-import without Keras, the garbage collector of a program, its memory."""
+import without Keras, the garbage collector of a program, the compilation cache, its memory."""
 
 import atexit
 import ctypes
@@ -12,6 +12,8 @@ import resource
 import sys
 
 import jax
+
+from vit_jax import errors
 
 
 def jax_runs_on_cpu() -> bool:
@@ -104,6 +106,47 @@ def start_program() -> None:
   the garbage collector (`tensorflow_without_keras`, `collect_garbage_sparingly`)."""
   tensorflow_without_keras()
   collect_garbage_sparingly()
+
+
+# Where 'auto' keeps compiled programs on accelerators, below $XDG_CACHE_HOME (else ~/.cache).
+USER_CACHE_SUBDIR = os.path.join('vit_jax', 'xla')
+
+
+def compilation_cache_dir(setting: str, on_cpu: bool) -> str | None:
+  """The directory that `config.compilation_cache` names for a run; None: no cache.
+
+  'auto' is $JAX_COMPILATION_CACHE_DIR where set; else, on accelerators only, vit_jax/xla in
+  the user's cache directory ($XDG_CACHE_HOME, else ~/.cache). Not on CPUs: there XLA checks a
+  cached program against the host's CPU features, and on some Intel CPUs every check fails
+  (jax-ml/jax#38445) with error lines at each start.
+  """
+  if setting == 'off':
+    return None
+  if not setting:
+    raise errors.ConfigError("config.compilation_cache is empty: name a directory, 'auto' or "
+                             "'off'.")
+  if setting != 'auto':
+    return os.path.expanduser(setting)
+  if os.environ.get('JAX_COMPILATION_CACHE_DIR'):
+    return os.environ['JAX_COMPILATION_CACHE_DIR']
+  if on_cpu:
+    return None
+  cache_home = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  return os.path.join(cache_home, USER_CACHE_SUBDIR)
+
+
+def use_compilation_cache(setting: str) -> str | None:
+  """Keeps compiled programs in `compilation_cache_dir(setting, ...)` for later starts.
+
+  JAX's persistent compilation cache: a program that took at least
+  `jax_persistent_cache_min_compile_time_secs` (1 s by default) to compile is written there,
+  and a later process that compiles the same program (same JAX, flags and devices) reads it
+  instead. A directory that cannot be used costs a warning, never the run. Call before the
+  first compilation. Returns the directory, or None.
+  """
+  directory = compilation_cache_dir(setting, jax_runs_on_cpu())
+  jax.config.update('jax_compilation_cache_dir', directory)
+  return directory
 
 
 def peak_resident_bytes() -> int:

@@ -96,6 +96,10 @@ def _common_config(task: str, model: str) -> ml_collections.ConfigDict:
   # glibc keeps freed memory in one arena for reuse, so XLA's per-step temporary buffers
   # stop page-faulting; the process does not give that memory back to the system.
   config.tune_malloc = True
+  # Where compiled programs are kept for later starts (evaluate, resume, ...): a directory,
+  # 'off', or 'auto': $JAX_COMPILATION_CACHE_DIR, else on accelerators ~/.cache/vit_jax/xla
+  # ($XDG_CACHE_HOME's), on CPUs none (see vit_jax.runtime.compilation_cache_dir).
+  config.compilation_cache = 'auto'
   # Float32 Dense layers and attention on CPUs: 'auto' (MKL's BLAS where installed on an
   # Intel CPU with one device, else XLA), 'xla', or 'blas' (see vit_jax.kernels).
   config.matmul = 'auto'
