@@ -81,7 +81,11 @@ def test_a_second_start_reads_the_programs_the_first_compiled(tmp_path):
     assert out.returncode == 0, out.stderr
     hits.append(re.findall(r"Persistent compilation cache hit for '(\w+)'", out.stderr))
     assert list(cache.glob('jit_train_step-*'))
-  assert 'jit_train_step' not in hits[0] and 'jit_train_step' in hits[1], hits
+  assert 'jit_train_step' not in hits[0], hits
+  if 'jit_train_step' not in hits[1] and "doesn't match the machine type" in out.stderr:
+    pytest.skip('XLA:CPU rejects the programs it cached on this CPU (jax-ml/jax#38445), which '
+                "is why 'auto' keeps no cache on CPUs; the first run wrote its programs to DIR.")
+  assert 'jit_train_step' in hits[1], (hits, out.stderr)
 
 
 def test_an_unusable_compilation_cache_costs_a_warning_not_the_run(tmp_path):
