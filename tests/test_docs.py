@@ -446,10 +446,10 @@ def test_documented_commands_run_as_written(source, tmp_path, trained_runs, reco
     _prepare(command, tmp_path, env, trained_runs)
     run_env = {**env, **OFFLINE} if rule.offline else env
     written = ' && '.join([*exports, _with_overrides(command, rule.append)])
-    shared = [workdir for workdir in SHARED_RUNS if written == _shared_run_command(workdir)
-              and not (tmp_path / workdir).exists()]
+    shared = next((workdir for workdir in SHARED_RUNS if written == _shared_run_command(workdir)
+                   and not (tmp_path / workdir).exists()), None)
     if shared:  # The same command in the same state: the run of this worker, and its output.
-      out = subprocess.CompletedProcess(written, 0, _trained(shared[0], written, tmp_path, env,
+      out = subprocess.CompletedProcess(written, 0, _trained(shared, written, tmp_path, env,
                                                              trained_runs), '')
     else:
       out = _run(written, tmp_path, run_env)

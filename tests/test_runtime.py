@@ -61,7 +61,7 @@ def test_off_turns_the_environments_cache_off(monkeypatch, tmp_path):
   monkeypatch.setenv('JAX_COMPILATION_CACHE_DIR', str(tmp_path))
   saved = jax.config.jax_compilation_cache_dir
   try:
-    assert runtime.use_compilation_cache('off') is None
+    assert runtime.use_compilation_cache('off', on_cpu=True) is None
     assert jax.config.jax_compilation_cache_dir is None
   finally:
     jax.config.update('jax_compilation_cache_dir', saved)

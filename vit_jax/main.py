@@ -47,9 +47,9 @@ _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
     'with an error naming it.')
 
 
-def tune_malloc_for(config) -> None:
+def tune_malloc_for(config, on_cpu: bool) -> None:
   """Applies `config.tune_malloc` on CPU runs; call before JAX or TF start threads."""
-  if config.get('tune_malloc') and runtime.jax_runs_on_cpu() and not runtime.tune_malloc():
+  if config.get('tune_malloc') and on_cpu and not runtime.tune_malloc():
     logging.warning('config.tune_malloc needs glibc (Linux); running without it.')
 
 
@@ -142,8 +142,9 @@ def main(argv):
                              '--config=configs/vit_digits.py --workdir=runs/digits')
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # Orbax and TF are chatty at INFO.
-  tune_malloc_for(config)  # First: before JAX, TF or orbax start threads.
-  runtime.use_compilation_cache(config.get('compilation_cache', 'auto'))
+  on_cpu = runtime.jax_runs_on_cpu()  # Known before any backend starts.
+  tune_malloc_for(config, on_cpu)  # First: before JAX, TF or orbax start threads.
+  runtime.use_compilation_cache(config.get('compilation_cache', 'auto'), on_cpu)
   distributed.initialize(_DISTRIBUTED.value, _COORDINATOR_ADDRESS.value, _NUM_PROCESSES.value,
                          _PROCESS_ID.value, _DISTRIBUTED_TIMEOUT.value, _HEARTBEAT_TIMEOUT.value)
   run(config, workdir)

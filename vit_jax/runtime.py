@@ -135,8 +135,8 @@ def compilation_cache_dir(setting: str, on_cpu: bool) -> str | None:
   return os.path.join(cache_home, USER_CACHE_SUBDIR)
 
 
-def use_compilation_cache(setting: str) -> str | None:
-  """Keeps compiled programs in `compilation_cache_dir(setting, ...)` for later starts.
+def use_compilation_cache(setting: str, on_cpu: bool) -> str | None:
+  """Keeps compiled programs in `compilation_cache_dir(setting, on_cpu)` for later starts.
 
   JAX's persistent compilation cache: a program that took at least
   `jax_persistent_cache_min_compile_time_secs` (1 s by default) to compile is written there,
@@ -144,7 +144,7 @@ def use_compilation_cache(setting: str) -> str | None:
   instead. A directory that cannot be used costs a warning, never the run. Call before the
   first compilation. Returns the directory, or None.
   """
-  directory = compilation_cache_dir(setting, jax_runs_on_cpu())
+  directory = compilation_cache_dir(setting, on_cpu)
   jax.config.update('jax_compilation_cache_dir', directory)
   return directory
 
