@@ -178,7 +178,9 @@ def test_encoder_pads_once_for_a_kernel_that_wants_even_lengths(monkeypatch):
   assert set(seen) == {(18, 18, (1, 1, 1, 18))}
   np.testing.assert_allclose(padded_logits, plain_logits, atol=1e-5, rtol=0)
   np.testing.assert_allclose(padded_loss, plain_loss, rtol=1e-6)
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=0),
+  # Padding changes the matrices' shapes, so the kernels sum in another order: gradients as
+  # large as 40 then differ in their last float32 bits (a few parts in 1e7).
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=2e-6),
                padded_grads, plain_grads)
 
 
