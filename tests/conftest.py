@@ -34,25 +34,17 @@ if importlib.util.find_spec('timm') is not None:
 # (JAX's CUDA images), and the summary names them. The rest runs there, GPU paths included.
 NEEDS_TENSORFLOW_MODULES = (
     'test_benchmark_data', 'test_checkpointing', 'test_data_images', 'test_data_text',
-    'test_distillation', 'test_distributed', 'test_docs', 'test_ema', 'test_errors',
-    'test_evaluation', 'test_export', 'test_export_translation', 'test_files',
+    'test_data_tf_cpu', 'test_distillation', 'test_distributed', 'test_docs', 'test_ema',
+    'test_errors', 'test_evaluation', 'test_export', 'test_export_translation', 'test_files',
     'test_make_image_folder', 'test_mesh', 'test_notebooks', 'test_prediction',
     'test_preemption', 'test_train', 'test_train_order')
 NEEDS_TENSORFLOW_TESTS = (
     'test_optim.py::test_the_trainer_applies_layer_decay_and_prints_its_table',
     'test_visualize.py::test_visualize_image_files_and_missing_checkpoint')
 _WITHOUT_TENSORFLOW = 'TensorFlow is not installed (the input pipeline reads with tf.data)'
+# Looked up, not imported: the controller process then never loads TensorFlow.
+TENSORFLOW_MISSING = importlib.util.find_spec('tensorflow') is None
 
-
-def _tensorflow_missing() -> bool:
-  try:
-    import tensorflow  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
-  except ImportError:
-    return True
-  return False
-
-
-TENSORFLOW_MISSING = _tensorflow_missing()
 
 def pytest_ignore_collect(collection_path, config):
   del config

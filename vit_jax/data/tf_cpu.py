@@ -2,15 +2,46 @@
 
 Import `tf` from here instead of `import tensorflow` in the data modules: the first import hides
 every GPU from TensorFlow before it can reserve GPU memory. TensorFlow's C++ start-up notes
-(INFO level) are silenced unless TF_CPP_MIN_LOG_LEVEL says otherwise. Functions given to
-tf.data (`map`, `scan`, `flat_map`) go through `as_written`.
+(INFO level) are silenced unless TF_CPP_MIN_LOG_LEVEL says otherwise, those its libraries log
+while they load included (which the variable does not reach); its warnings and errors pass.
+Functions given to tf.data (`map`, `scan`, `flat_map`) go through `as_written`.
 """
 
 import os
+import re
+import sys
+import tempfile
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
 
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
+# What TensorFlow's C++ libraries log while they load, before its logging reads
+# TF_CPP_MIN_LOG_LEVEL: on Intel CPUs "oneDNN custom operations are on...", twice, at every start.
+_EARLY_INFO = re.compile(r'I\d{4} |WARNING: All log messages before absl::InitializeLog\(\)')
+
+
+def _import_tensorflow():
+  """`import tensorflow`, its INFO lines dropped (unless TF_CPP_MIN_LOG_LEVEL is 0) and every
+  other line it writes to stderr passed on."""
+  if os.environ['TF_CPP_MIN_LOG_LEVEL'] == '0':
+    import tensorflow  # pylint: disable=g-import-not-at-top
+    return tensorflow
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as captured:
+    os.dup2(captured.fileno(), 2)
+    try:
+      import tensorflow  # pylint: disable=g-import-not-at-top
+    finally:
+      sys.stderr.flush()
+      os.dup2(saved, 2)
+      os.close(saved)
+      captured.seek(0)
+      lines = captured.read().decode(errors='replace').splitlines(keepends=True)
+      sys.stderr.write(''.join(line for line in lines if not _EARLY_INFO.match(line)))
+  return tensorflow
+
+
+tf = _import_tensorflow()
 
 try:
   tf.config.set_visible_devices([], 'GPU')
