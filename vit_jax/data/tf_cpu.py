@@ -22,11 +22,15 @@ _EARLY_INFO = re.compile(r'I\d{4} |WARNING: All log messages before absl::Initia
 def _import_tensorflow():
   """`import tensorflow`, its INFO lines dropped (unless TF_CPP_MIN_LOG_LEVEL is 0) and every
   other line it writes to stderr passed on."""
-  if os.environ['TF_CPP_MIN_LOG_LEVEL'] == '0':
+  quiet = os.environ['TF_CPP_MIN_LOG_LEVEL'] != '0' and sys.stderr is not None
+  try:
+    saved = os.dup(2) if quiet else None
+  except OSError:  # Descriptor 2 is closed: nothing to filter.
+    saved = None
+  if saved is None:
     import tensorflow  # pylint: disable=g-import-not-at-top
     return tensorflow
   sys.stderr.flush()
-  saved = os.dup(2)
   with tempfile.TemporaryFile() as captured:
     os.dup2(captured.fileno(), 2)
     try:
