@@ -7,6 +7,7 @@ while they load included (which the variable does not reach); its warnings and e
 Functions given to tf.data (`map`, `scan`, `flat_map`) go through `as_written`.
 """
 
+import contextlib
 import os
 import re
 import sys
@@ -19,22 +20,23 @@ os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
 _EARLY_INFO = re.compile(r'I\d{4} |WARNING: All log messages before absl::InitializeLog\(\)')
 
 
-def _import_tensorflow():
-  """`import tensorflow`, its INFO lines dropped (unless TF_CPP_MIN_LOG_LEVEL is 0) and every
-  other line it writes to stderr passed on."""
+@contextlib.contextmanager
+def _early_info_dropped():
+  """Drops the INFO lines written to stderr inside it (unless TF_CPP_MIN_LOG_LEVEL is 0) and
+  passes every other line on; without a stderr (None, or descriptor 2 closed) does nothing."""
   quiet = os.environ['TF_CPP_MIN_LOG_LEVEL'] != '0' and sys.stderr is not None
   try:
     saved = os.dup(2) if quiet else None
   except OSError:  # Descriptor 2 is closed: nothing to filter.
     saved = None
   if saved is None:
-    import tensorflow  # pylint: disable=g-import-not-at-top
-    return tensorflow
+    yield
+    return
   sys.stderr.flush()
   with tempfile.TemporaryFile() as captured:
     os.dup2(captured.fileno(), 2)
     try:
-      import tensorflow  # pylint: disable=g-import-not-at-top
+      yield
     finally:
       sys.stderr.flush()
       os.dup2(saved, 2)
@@ -42,10 +44,10 @@ def _import_tensorflow():
       captured.seek(0)
       lines = captured.read().decode(errors='replace').splitlines(keepends=True)
       sys.stderr.write(''.join(line for line in lines if not _EARLY_INFO.match(line)))
-  return tensorflow
 
 
-tf = _import_tensorflow()
+with _early_info_dropped():
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
 
 try:
   tf.config.set_visible_devices([], 'GPU')
