@@ -83,6 +83,48 @@ def test_no_readable_checkpoint_is_one_line(finished, tmp_path):
                       r'Rerun with a new --workdir to start afresh\.', user_error(out.stderr))
 
 
+def test_readers_change_nothing_in_the_workdir(finished, tmp_path):
+  """Evaluate, predict and convert read a workdir while a run may still be training in it."""
+  workdir = tmp_path / 'run'
+  shutil.copytree(finished[0], workdir)
+  # A save in progress, as training's background save leaves it until it is renamed.
+  in_progress = workdir / 'checkpoints' / '10.orbax-checkpoint-tmp'
+  (in_progress / 'default').mkdir(parents=True)
+  (in_progress / 'default' / 'part').write_bytes(b'x' * 100)
+  checkpoints = workdir / 'checkpoints'
+  before = sorted(str(p.relative_to(checkpoints)) for p in checkpoints.rglob('*'))
+
+  out = run_main(workdir, '--config.trainer=evaluate')
+  assert out.returncode == 0 and 'eval of step 8:' in out.stdout, out.stdout + out.stderr
+  out = subprocess.run([sys.executable, '-m', 'vit_jax.convert', str(workdir),
+                        str(tmp_path / 'out.npz')], capture_output=True, text=True, cwd=REPO)
+  assert out.returncode == 0, out.stderr
+  assert (in_progress / 'default' / 'part').read_bytes() == b'x' * 100
+  assert sorted(str(p.relative_to(checkpoints)) for p in checkpoints.rglob('*')) == before
+
+  # A mistyped workdir stays missing: one line, nothing created.
+  typo = tmp_path / 'runn'
+  out = run_main(typo, '--config.trainer=evaluate')
+  assert re.fullmatch(r'error: No checkpoint in \S+/runn/checkpoints: train first, or point '
+                      r'--workdir at a trained run\.', user_error(out.stderr)), out.stderr
+  assert not typo.exists()
+
+
+def test_a_config_that_cannot_resume_leaves_the_saved_one(finished, tmp_path):
+  workdir = tmp_path / 'run'
+  shutil.copytree(finished[0], workdir)
+  saved = (workdir / 'config.json').read_text()
+  out = subprocess.run(digits_command(workdir, STEPS + 2, '--config.model.hidden_size=48'),
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert 'was written by a model of another shape' in user_error(out.stderr)
+  assert (workdir / 'config.json').read_text() == saved
+  # So the workdir still evaluates with the config that wrote it.
+  out = subprocess.run([sys.executable, '-m', 'vit_jax.main', f'--workdir={workdir}',
+                        '--config.trainer=evaluate'], capture_output=True, text=True, cwd=REPO,
+                       timeout=300)
+  assert out.returncode == 0 and 'eval of step 8:' in out.stdout, out.stdout + out.stderr
+
+
 def _tmpfs_runner():
   """A command prefix that runs a shell script with its own tmpfs mounts, or None."""
   if shutil.which('unshare') is None:
@@ -187,3 +229,23 @@ def test_restoring_params_reads_only_the_params(tmp_path):
         f'{growth / 2**20:.0f} MB ({growth / result["params_bytes"]:.2f}x the params), from '
         f'{result["before"] / 2**20:.0f} MB to {result["peak"] / 2**20:.0f} MB')
   assert growth < 1.5 * result['params_bytes']
+
+
+def test_a_reader_takes_the_newer_checkpoint_when_training_removes_the_one_it_reads(tmp_path):
+  """Training keeps its newest checkpoints: the one a reader listed may be gone when read."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
+
+  def state(value):
+    return {'params': {'dense': {'kernel': np.full((4, 4), value, np.float32)}}}
+
+  with checkpointing.Checkpointer(tmp_path, keep=1) as writer:
+    writer.save(2, state(2))
+  reader = checkpointing.Checkpointer(tmp_path, read_only=True)
+  assert reader.latest_step() == 2
+  with checkpointing.Checkpointer(tmp_path, keep=1) as writer:
+    writer.save(4, state(4))  # Removes step 2.
+  assert not (tmp_path / 'checkpoints' / '2').exists()
+  params, step = reader.restore_params()
+  reader.close()
+  assert step == 4 and float(params['dense']['kernel'][0, 0]) == 4

@@ -28,3 +28,25 @@ def test_other_errors_are_kept():
                       "finished coro=<my_job() done> exception=ValueError('mine')>"))
   assert keep(_record('absl', 'orbax could not find the directory'))  # No traceback: kept.
   assert keep(_record('asyncio', 'tensorstore_spec never retrieved', logging.WARNING))
+
+
+def test_why_names_the_file_of_the_error_orbax_wrapped():
+  inner = ValueError('OUT_OF_RANGE: Error reading Byte range [0, 100) of local file '
+                     '"/w/checkpoints/40/default/d/abc": Requested byte range [0, 100) is not '
+                     "valid for value of size 50 [tensorstore_spec='{}']")
+  try:
+    try:
+      raise inner
+    except ValueError as error:
+      raise ValueError('Encountered error while reading array index: (slice(0, 4, 1),). See '
+                       'full TensorStore details: <bound method spec of TensorStore({') from error
+  except ValueError as outer:
+    assert orbax_errors.why(outer) == ('/w/checkpoints/40/default/d/abc: Requested byte range '
+                                       '[0, 100) is not valid for value of size 50')
+
+
+def test_first_line_leaves_out_the_tensorstore_spec():
+  error = ValueError('Encountered error while reading array index: (slice(0, 4, 1),). See full '
+                     'TensorStore details: <bound method spec of TensorStore({"driver": 1')
+  assert orbax_errors.first_line(error) == ('Encountered error while reading array index: '
+                                            '(slice(0, 4, 1),).')

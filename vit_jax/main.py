@@ -74,6 +74,7 @@ def _train(config, workdir: str):
 def _evaluate(config, workdir: str):
   from vit_jax.train import checkpointing, loop  # pylint: disable=g-import-not-at-top
   checkpointing.check_task(workdir, config.task)
+  checkpointing.require_checkpoint(workdir)  # Before the task writes its files there.
   return loop.evaluate(config, workdir, _task(config, workdir))
 
 

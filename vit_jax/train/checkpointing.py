@@ -97,6 +97,14 @@ def check_task(workdir: str, task: str, role: str = '--workdir'):
         f'use another directory for this {task} config.')
 
 
+def require_checkpoint(workdir: str):
+  """Raises MissingFileError, writing nothing, unless WORKDIR holds a checkpoint."""
+  with Checkpointer(workdir, read_only=True) as checkpointer:
+    if checkpointer.latest_step() is None:
+      raise errors.MissingFileError(f'No checkpoint in {checkpointer.directory}: train first, '
+                                    'or point --workdir at a trained run.')
+
+
 def restore_params(workdir: str, fall_back: bool = False, ema: bool = False) -> tuple[dict, int]:
   """The `params` of WORKDIR's latest checkpoint (host numpy arrays) and its step.
 
@@ -107,7 +115,7 @@ def restore_params(workdir: str, fall_back: bool = False, ema: bool = False) -> 
     MissingFileError: the workdir has no checkpoint.
     UnreadableCheckpoint: the latest (with `fall_back`: every) checkpoint cannot be read.
   """
-  with Checkpointer(workdir) as checkpointer:
+  with Checkpointer(workdir, read_only=True) as checkpointer:
     if checkpointer.latest_step() is None:
       raise errors.MissingFileError(f'No checkpoint in {checkpointer.directory}: train first, '
                                     'or give the workdir of a trained run.')
@@ -131,9 +139,16 @@ def _read_groups(items: dict) -> list[list[str]]:
 
 
 class Checkpointer:
-  """Keeps the last `keep` checkpoints of a state pytree; restores the latest readable."""
+  """Keeps the last `keep` checkpoints of a state pytree; restores the latest readable.
 
-  def __init__(self, workdir: str, keep: int = 2):
+  Only training writes (`read_only=False`): it creates the directory and removes the
+  temporary directories of saves that never finished. A reader (`read_only=True`: evaluate,
+  predict, export, ...) changes nothing on disk, so it can read a workdir while a run is
+  still training in it (and saving), and a mistyped path stays a missing one.
+  """
+
+  def __init__(self, workdir: str, keep: int = 2, *, read_only: bool = False):
+    self.read_only = read_only
     self.directory = files.join(files.absolute(workdir), 'checkpoints')
     self._mirror = None
     self._unverified = None  # The step of the last save, until it is read back.
@@ -145,8 +160,8 @@ class Checkpointer:
     orbax_errors.quiet()
     self._manager = ocp.CheckpointManager(
         managed, item_handlers=ocp.StandardCheckpointHandler(),
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                             cleanup_tmp_directories=True))
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
+                                             cleanup_tmp_directories=not read_only))
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -161,6 +176,7 @@ class Checkpointer:
     Raises:
       CheckpointWriteError: this save cannot fit on the disk, or the previous one failed.
     """
+    assert not self.read_only, 'a read-only Checkpointer cannot save'
     self.finish()
     self._check_space(step, state)
     try:
@@ -317,6 +333,7 @@ class Checkpointer:
 
   def _first_readable(self, read, step: int | None, fall_back: bool, move_aside: bool):
     steps = sorted(self._manager.all_steps(), reverse=True)
+    latest_asked = step is None
     if step is None:
       step = steps[0] if steps else None
     if step is None:
@@ -329,6 +346,11 @@ class Checkpointer:
       except errors.UserError:
         raise
       except Exception as error:  # pylint: disable=broad-except
+        if latest_asked and candidate == steps[0] and self._rotated_away(candidate):
+          # A run training in this workdir removed it (keeping its newest) as it was read:
+          # the newest checkpoint now is a later one.
+          self._manager.reload()
+          return self._first_readable(read, None, fall_back, move_aside)
         problem = f'step {candidate}: {orbax_errors.why(error)}'
         if move_aside:
           problem += f' (moved to {self._move_aside(candidate)})'
@@ -348,6 +370,13 @@ class Checkpointer:
             if older else '; there is no older checkpoint')
     raise UnreadableCheckpoint(f'The checkpoint at {problems[0]} in {self.directory} cannot '
                                f'be read{hint}.')
+
+  def _rotated_away(self, step: int) -> bool:
+    """Whether checkpoint `step` is gone now, and a newer one is there."""
+    if files.is_remote(self._managed) or os.path.exists(os.path.join(self._managed, str(step))):
+      return False
+    self._manager.reload()
+    return (self._manager.latest_step() or -1) > step
 
   def _move_aside(self, step: int) -> str:
     """Renames checkpoint `step` to `unreadable-STEP`, which the manager ignores."""

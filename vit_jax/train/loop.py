@@ -214,7 +214,6 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   tx, schedule = optim.make_optimizer(config.optimizer, config.total_steps)
   rng = jax.random.PRNGKey(config.seed)
   target, shardings = abstract_state(task, tx, mesh, config)
-  checkpointing.save_config(workdir, config)
   checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
 
   start_step = checkpointer.latest_step()
@@ -244,6 +243,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
     if config.ema_decay:
       state['ema_params'] = _copy(params, shardings['params'])
     state = jax.device_put(state, shardings)
+  # Written once the checkpoint (if any) was read into this config's model: a config that
+  # cannot resume the run leaves the config that wrote it in place.
+  checkpointing.save_config(workdir, config)
 
   frozen = task.frozen_params()  # A teacher's params (host): FSDP-split like the model's.
   frozen_shardings = mesh_lib.tree_shardings(frozen, mesh, config.fsdp_min_size)
@@ -378,7 +380,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dic
   """Evaluates the latest checkpoint in WORKDIR on the test split (and its EMA weights)."""
   mesh = mesh_lib.make_mesh(config.mesh_shape)
   mesh_lib.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
-  with checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints) as checkpointer:
+  with checkpointing.Checkpointer(workdir, read_only=True) as checkpointer:
     if checkpointer.latest_step() is None:
       raise errors.MissingFileError(f'No checkpoint to evaluate in {checkpointer.directory}; '
                                     'train first, or point --workdir at a trained run.')

@@ -37,21 +37,33 @@ def _quiet_save_logs():
       logger.addFilter(_SaveErrorTraceback())
 
 
+def _chain(error: BaseException):
+  """`error`, then the errors it was raised from or during (orbax wraps TensorStore's)."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    seen.add(id(error))
+    yield error
+    error = error.__cause__ or error.__context__
+
+
 def why(error: BaseException) -> str:
   """Why a checkpoint read failed: the file TensorStore names last, and its complaint."""
-  text = ' '.join(str(error).split())
-  text = text.split(' [tensorstore_spec=', 1)[0]
-  paths = re.findall(r'local file "([^"]+)"', text)
-  if paths:
-    complaint = text.rsplit(paths[-1] + '":', 1)[-1].strip() or first_line(error)
-    return f'{paths[-1]}: {complaint}'
+  for cause in _chain(error):
+    text = ' '.join(str(cause).split())
+    text = text.split(' [tensorstore_spec=', 1)[0]
+    paths = re.findall(r'local file "([^"]+)"', text)
+    if paths:
+      complaint = text.rsplit(paths[-1] + '":', 1)[-1].strip() or first_line(cause)
+      return f'{paths[-1]}: {complaint}'
   return first_line(error)
 
 
 def first_line(error: BaseException) -> str:
-  """The gist of a TensorStore/orbax error: its first line (it names the file)."""
+  """The gist of a TensorStore/orbax error: its first line (it names the file), without the
+  TensorStore spec that some messages append."""
   lines = [line.strip() for line in str(error).splitlines() if line.strip()]
   text = lines[0] if lines else type(error).__name__
+  text = re.split(r' See full TensorStore details| \[tensorstore_spec=', text)[0]
   return text if len(text) <= 300 else text[:297] + '...'
 
 

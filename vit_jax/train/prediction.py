@@ -76,7 +76,7 @@ def load_model_and_params(config: ml_collections.ConfigDict, workdir: str | None
   """(model, params, source) from WORKDIR's latest checkpoint or `config.pretrained`."""
   image_shape = (config.data.image_size, config.data.image_size, config.data.channels)
   if workdir is not None:
-    with checkpointing.Checkpointer(workdir) as checkpointer:
+    with checkpointing.Checkpointer(workdir, read_only=True) as checkpointer:
       if checkpointer.latest_step() is not None:
         params, step = checkpointer.restore_params(
             fall_back=config.checkpoint_fallback,
