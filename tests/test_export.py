@@ -219,6 +219,38 @@ def test_an_existing_output_needs_overwrite(sources, tmp_path, capsys):
   assert sorted(os.listdir(tmp_path)) == ['out']  # No staging directory left behind.
 
 
+def test_overwrite_replaces_an_earlier_export_and_nothing_else(sources, tmp_path, capsys,
+                                                              monkeypatch):
+  source = sources['npz'][0]
+  flags = ['--format', 'stablehlo', '--model', 'ViT-testing', '--overwrite']
+  out = tmp_path / 'out'
+  assert cli.main([source, str(out), *flags]) == 0
+  assert cli.main([source, str(out), *flags]) == 0  # An earlier export: replaced.
+  assert sorted(os.listdir(out)) == ['metadata.json', 'model.stablehlo']
+  (tmp_path / 'plain').mkdir()  # Readable by others as any new directory is (the umask's).
+  assert os.stat(out).st_mode == os.stat(tmp_path / 'plain').st_mode
+  capsys.readouterr()
+
+  mine = tmp_path / 'mine'  # A folder of the user's (or a workdir) is never removed.
+  mine.mkdir()
+  (mine / 'notes.txt').write_text('mine')
+  line = _cli_error(capsys, [source, str(mine), *flags])
+  assert line == (f'error: --overwrite replaces an earlier export (a directory with its '
+                  f'metadata.json), and {mine} is not one; remove it yourself, or give another '
+                  'path.')
+  line = _cli_error(capsys, [source, sources['ViT-testing'][0], *flags])
+  assert 'is not one; remove it yourself' in line
+  assert os.listdir(mine) == ['notes.txt']
+  monkeypatch.chdir(mine)
+  line = _cli_error(capsys, [source, '.', *flags])
+  assert line == ('error: --overwrite would replace ., the current directory or one above it; '
+                  'give a new directory for the output.')
+  assert os.listdir(mine) == ['notes.txt']
+  line = _cli_error(capsys, [source, 'notes.txt/out', '--format', 'stablehlo', '--model',
+                             'ViT-testing'])
+  assert line.startswith('error: Cannot write notes.txt/out: not a directory (')
+
+
 def test_onnx_without_jax2onnx_says_what_to_install(sources, tmp_path, capsys, monkeypatch):
   monkeypatch.setitem(sys.modules, 'jax2onnx', None)  # Its import fails.
   out = tmp_path / 'out'

@@ -38,6 +38,27 @@ def test_cli_refuses_existing_destination(tmp_path, capsys):
   assert 'blocks.0.attn.qkv.weight' in weights.load_safetensors(dst)
 
 
+def test_cli_overwrite_replaces_an_earlier_conversion_and_nothing_else(tmp_path, capsys,
+                                                                       monkeypatch):
+  src = tmp_path / 'src.npz'
+  weights.save_npz(src, _random_params('ViT-testing'))
+  orbax_dir = tmp_path / 'orbax'
+  assert convert.main([str(src), str(orbax_dir)]) == 0
+  assert convert.main([str(src), str(orbax_dir), '--overwrite']) == 0
+  assert os.listdir(orbax_dir) == ['checkpoints']
+  workdir = tmp_path / 'workdir'  # A training run's workdir is more than its checkpoints.
+  assert convert.main([str(src), str(workdir)]) == 0
+  (workdir / 'config.json').write_text('{}')
+  capsys.readouterr()
+  assert convert.main([str(src), str(workdir), '--overwrite']) == 1
+  assert 'and {} is not one; remove it yourself'.format(workdir) in capsys.readouterr().err
+  assert sorted(os.listdir(workdir)) == ['checkpoints', 'config.json']
+  monkeypatch.chdir(workdir)
+  assert convert.main([str(src), '.', '--overwrite']) == 1
+  assert 'would replace ., the current directory' in capsys.readouterr().err
+  assert sorted(os.listdir(workdir)) == ['checkpoints', 'config.json']
+
+
 def test_cli_corrupt_source_leaves_destination_alone(tmp_path, capsys):
   src = tmp_path / 'src.npz'
   weights.save_npz(src, _random_params('ViT-testing'))

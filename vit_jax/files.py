@@ -194,9 +194,12 @@ def write_atomically(path: str, write: Callable[[str], None], *,
         raise
     return
   directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{os.path.basename(path)}.',
-                             suffix='.tmp')
+  try:
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f'.{os.path.basename(path)}.',
+                               suffix='.tmp')
+  except OSError as error:
+    raise cannot_write(path, error) from None
   os.close(fd)
   try:
     write(tmp)
@@ -249,3 +252,61 @@ def move_tree(source: str, destination: str):
     return
   copy_tree(source, destination)  # Object stores have no directory rename.
   remove_tree(source)
+
+
+def cannot_write(path: str, error: OSError) -> errors.ConfigError:
+  """The one-line error for an output that the filesystem refuses (no access, not a directory)."""
+  where = f' ({error.filename})' if error.filename and error.filename != path else ''
+  # makedirs meets a file where a directory of the path should be.
+  reason = 'not a directory' if isinstance(error, FileExistsError) else error.strerror or error
+  return errors.ConfigError(f'Cannot write {path}: {reason}{where}; choose a path in a '
+                            'directory you can write to.')
+
+
+def staging_dir(path: str) -> str:
+  """A new empty local directory beside `path`, for `replace_with_dir` to rename to it.
+
+  Made with the permissions of any new directory (the umask's), as the output will be.
+  """
+  parent = os.path.dirname(os.path.abspath(path))
+  staging = os.path.join(parent, f'.{os.path.basename(path)}.partial-{uuid.uuid4().hex[:8]}')
+  try:
+    os.makedirs(parent, exist_ok=True)
+    os.mkdir(staging)
+  except OSError as error:
+    raise cannot_write(path, error) from None
+  return staging
+
+
+def replace_with_dir(staging: str, path: str):
+  """Renames the directory `staging` to `path`. What was at `path` is moved aside first and
+  removed once the rename is done, so a failure leaves it in place."""
+  aside = None
+  if os.path.lexists(path):
+    aside = f'{staging}.replaced'
+    os.replace(path, aside)
+  try:
+    os.replace(staging, path)
+  except BaseException:
+    if aside is not None:
+      os.replace(aside, path)
+    raise
+  if aside is not None and os.path.isdir(aside) and not os.path.islink(aside):
+    shutil.rmtree(aside)
+  elif aside is not None:
+    os.remove(aside)
+
+
+def check_replaceable(path: str, what: str, looks_like: Callable[[str], bool]):
+  """Raises unless `path`, which `--overwrite` would replace, is an earlier `what`.
+
+  `looks_like(path)` tells an earlier output from anything else (a workdir, a folder of the
+  user's); the current directory and those above it are never replaced.
+  """
+  real = os.path.realpath(path)
+  if os.path.commonpath([real, os.path.realpath(os.getcwd())]) == real:
+    raise errors.ConfigError(f'--overwrite would replace {path}, the current directory or one '
+                             'above it; give a new directory for the output.')
+  if not looks_like(path):
+    raise errors.ConfigError(f'--overwrite replaces an earlier {what}, and {path} is not one; '
+                             'remove it yourself, or give another path.')

@@ -16,9 +16,8 @@ OUT appears whole or not at all: it is written beside and renamed.
 import json
 import os
 import shutil
-import tempfile
 
-from vit_jax import errors, progress
+from vit_jax import errors, files, progress
 from vit_jax.export import source as source_lib
 
 FORMATS = ('stablehlo', 'savedmodel', 'onnx')
@@ -47,8 +46,18 @@ def check_arguments(out: str, export_format: str, batch_size: int | None, dtype:
   if os.path.lexists(out) and not overwrite:
     raise errors.ConfigError(f'{out} already exists; pass --overwrite to replace it, or give '
                              'another OUT.')
+  if os.path.lexists(out):
+    files.check_replaceable(out, 'export (a directory with its metadata.json)', _is_export)
   if export_format == 'onnx':
     _writer('onnx').check_available()
+
+
+def _is_export(path: str) -> bool:
+  try:
+    with open(os.path.join(path, METADATA), encoding='utf-8') as f:
+      return 'format' in json.load(f)
+  except (OSError, ValueError, TypeError):
+    return False
 
 
 def export(source: str, out: str, export_format: str, *, model_name: str | None = None,
@@ -81,19 +90,13 @@ def export(source: str, out: str, export_format: str, *, model_name: str | None 
 
 def _write_whole(out: str, write, metadata: dict) -> dict:
   """`write(staging)` (-> the artifact's path) and metadata.json, renamed to OUT when done."""
-  parent = os.path.dirname(os.path.abspath(out))
-  os.makedirs(parent, exist_ok=True)
-  staging = tempfile.mkdtemp(prefix=f'.{os.path.basename(out)}.partial-', dir=parent)
+  staging = files.staging_dir(out)
   try:
     artifact = write(staging)
     metadata['artifact'] = os.path.relpath(artifact, staging)
     with open(os.path.join(staging, METADATA), 'w', encoding='utf-8') as f:
       json.dump(metadata, f, ensure_ascii=False, indent=1)
-    if os.path.isdir(out) and not os.path.islink(out):
-      shutil.rmtree(out)
-    elif os.path.lexists(out):
-      os.remove(out)
-    os.replace(staging, out)
+    files.replace_with_dir(staging, out)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
   return metadata

@@ -7,7 +7,6 @@ through `vit_jax.files`, and written all or nothing (temporary file + rename).
 import io
 import os
 import shutil
-import tempfile
 import zipfile
 from typing import Any, Mapping
 
@@ -120,22 +119,23 @@ def write_orbax(path: str, params: Mapping[str, Any], *, overwrite: bool = False
   """Writes `params` as a workdir holding one orbax checkpoint, PATH/checkpoints/0.
 
   The result loads with `--config.pretrained=PATH`. It is built beside `path`
-  and renamed into place, so a failure leaves `path` as it was.
+  and renamed into place, so a failure leaves `path` as it was; `overwrite` replaces only
+  such a directory (an earlier conversion), never a training workdir.
   """
   from vit_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
-  path = os.path.abspath(path)
-  if os.path.exists(path) and not overwrite:
+  if os.path.lexists(path) and not overwrite:
     raise FileExistsError(f'{path} already exists; pass --overwrite to replace it.')
-  parent = os.path.dirname(path)
+  if os.path.lexists(path):
+    files.check_replaceable(path, 'conversion (a directory holding only checkpoints/)',
+                            lambda p: os.path.isdir(p) and os.listdir(p) == ['checkpoints'])
+  parent = os.path.dirname(os.path.abspath(path))
   if not os.path.isdir(parent):
     raise errors.MissingFileError(f'Cannot write {path}: directory {parent} does not exist.')
-  staging = tempfile.mkdtemp(dir=parent, prefix=f'.{os.path.basename(path)}.')
+  staging = files.staging_dir(path)
   try:
     writer = checkpointing.Checkpointer(staging, keep=1)
     writer.save(0, {'params': unflatten_params(dict(params))})
     writer.close()
-    if os.path.exists(path):
-      shutil.rmtree(path)
-    os.replace(staging, path)
+    files.replace_with_dir(staging, path)
   finally:
     shutil.rmtree(staging, ignore_errors=True)
