@@ -11,7 +11,7 @@ import jax
 import numpy as np
 import pytest
 from PIL import Image
-from helpers import override
+from helpers import override, user_error
 
 from vit_jax import main, models, weights
 from vit_jax.data import class_names, images, sources
@@ -140,3 +140,35 @@ def test_class_names_without_a_dataset(tmp_path):
   assert class_names.for_dataset(config) == ('cat', 'dog')
   config.dataset = 'no_such_dataset_anywhere'
   assert class_names.for_dataset(config) is None
+
+
+def test_a_checkpoint_with_a_pre_logits_layer_predicts_through_it(tmp_path):
+  """ImageNet-21k checkpoints have a tanh pre-logits layer: the model is built with it."""
+  model = models.get_model('ViT-testing', num_classes=5, patch_size=(4, 4),
+                           representation_size=24)
+  images_in = np.random.default_rng(0).uniform(-1, 1, (2, 8, 8, 3)).astype(np.float32)
+  params = model.init(jax.random.key(0), images_in)['params']
+  npz = tmp_path / 'in21k.npz'
+  weights.save_npz(npz, weights.canonicalize(params))
+  config = config_lib.classification_config('ViT-testing')
+  override(config, {'model.patch_size': (4, 4), 'data.image_size': 8, 'pretrained': str(npz),
+                    'trainer': 'predict'})
+  loaded_model, loaded, _ = prediction.load_model_and_params(config, None)
+  assert loaded_model.representation_size == 24 and loaded_model.num_classes == 5
+  np.testing.assert_array_equal(loaded_model.apply({'params': loaded}, images_in),
+                                model.apply({'params': params}, images_in))
+
+
+def test_a_workdir_is_fitted_to_the_image_size_and_refused_by_another_model(digits_run):
+  root, _ = digits_run
+  _photos(root / 'one')
+  out = run_main(f'--workdir={root / "run"}', '--config.trainer=predict',
+                 f'--config.predict.inputs={root}/one/photo_0.png', '--config.predict.top_k=1',
+                 '--config.data.image_size=16')
+  assert out.returncode == 0, out.stderr
+  assert 'was trained at 8x8; predicting at 16x16' in out.stdout
+  out = run_main(f'--workdir={root / "run"}', '--config.trainer=predict',
+                 f'--config.predict.inputs={root}/one/photo_0.png',
+                 '--config.model.hidden_size=48')
+  assert re.fullmatch(r'error: \S+/checkpoints at step 30 does not fit the model: \d+ mismatched '
+                      r'parameter\(s\) .*', user_error(out.stderr)), out.stderr

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import override, read_metrics
 
-from vit_jax import decode, main
+from vit_jax import decode, errors, main
 from vit_jax.data import text
 from vit_jax.train import checkpointing, translation
 from vit_jax.train import config as config_lib
@@ -60,6 +60,15 @@ def test_dates_train_evaluate_and_translate(tmp_path, capsys):
   assert sorted(os.path.relpath(p, workdir) for p in paths) == [
       'visualize/cross_attention_0.png', 'visualize/cross_attention_1.png',
       'visualize/training_curves.png']
+
+  # Another model's config is refused in one line, before anything is decoded.
+  for mode in ('translate', 'visualize'):
+    with pytest.raises(errors.ConfigError, match=r'The checkpoint at step 20 in \S+ was written '
+                       r'by a model of another shape \(\d+ mismatched parameters, first: .*'
+                       r'model \(96,\).*\)\. Use the config that wrote it: leave out '
+                       r'--config'):
+      main.run(tiny_config(trainer=mode, input_file=str(inputs),
+                           **{'model.embed_dim': 96}), workdir)
 
 
 def test_beam_search_evaluation(tmp_path, monkeypatch):

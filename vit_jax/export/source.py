@@ -55,13 +55,6 @@ class Exportable:
             'vit_jax_version': vit_jax.__version__}
 
 
-def _num_classes(flat: dict, source: str) -> int:
-  if 'head/bias' not in flat:
-    raise errors.ConfigError(f'{source} has no classification head (head/bias): it is a '
-                             'feature extractor; export a fine-tuned classifier.')
-  return int(flat['head/bias'].shape[-1])
-
-
 def _native_image_size(flat: dict, model: nn.Module) -> int | None:
   side = weights.posemb_side(flat)
   return side * model.patch_size[0] * stem_stride(model.resnet_layers) if side else None
@@ -70,8 +63,8 @@ def _native_image_size(flat: dict, model: nn.Module) -> int | None:
 def _fit(model_name: str, fields: dict, flat: dict, source: str, image_size: int | None,
          channels: int, dtype: str):
   """(model, params, image_size) with the weights `flat` fitted at `image_size`."""
-  model = models.get_model(model_name, **{**fields, **_SERVING_FIELDS, 'dtype': dtype},
-                           num_classes=_num_classes(flat, source))
+  model = models.get_model(model_name, **{**fields, **_SERVING_FIELDS, 'dtype': dtype,
+                                          **weights.head_fields(flat, source)})
   if image_size is None:
     image_size = _native_image_size(flat, model)
     if image_size is None:

@@ -105,6 +105,32 @@ def require_checkpoint(workdir: str):
                                     'or point --workdir at a trained run.')
 
 
+def check_shapes(stored, expected, what: str,
+                 advice: str = 'Use a new --workdir, or the config that wrote it.'):
+  """Raises a ConfigError naming the first parameters whose shapes differ (trees of arrays or
+  of their shapes); `what` names the stored ones."""
+  mismatched = []
+  flat_expected = weights.flatten_params(expected)
+  flat_stored = weights.flatten_params(stored)
+  for name in sorted(set(flat_expected) | set(flat_stored)):
+    want = flat_expected.get(name)
+    have = flat_stored.get(name)
+    want_shape = None if want is None else tuple(want.shape)
+    have_shape = None if have is None else tuple(have.shape)
+    if want_shape != have_shape:
+      mismatched.append(f'{name}: checkpoint {have_shape or "missing"}, '
+                        f'model {want_shape or "missing"}')
+  if mismatched:
+    raise errors.ConfigError(
+        f'{what} was written by a model of another shape ({len(mismatched)} mismatched '
+        f'parameters, first: {"; ".join(mismatched[:3])}). {advice}')
+
+
+# For the modes that read a workdir's weights with its config.
+SAVED_CONFIG_ADVICE = ('Use the config that wrote it: leave out --config and overrides of '
+                       "config.model or config.data (the workdir's config.json has them).")
+
+
 def restore_params(workdir: str, fall_back: bool = False, ema: bool = False) -> tuple[dict, int]:
   """The `params` of WORKDIR's latest checkpoint (host numpy arrays) and its step.
 
@@ -392,22 +418,8 @@ class Checkpointer:
 
   def _check_shapes(self, step: int, abstract_state):
     stored = dict(self._manager.item_metadata(step))
-    mismatched = []
-    flat_expected = weights.flatten_params(abstract_state['params'])
-    flat_stored = weights.flatten_params(stored['params'])
-    for name in sorted(set(flat_expected) | set(flat_stored)):
-      want = flat_expected.get(name)
-      have = flat_stored.get(name)
-      want_shape = None if want is None else tuple(want.shape)
-      have_shape = None if have is None else tuple(have.shape)
-      if want_shape != have_shape:
-        mismatched.append(f'{name}: checkpoint {have_shape or "missing"}, '
-                          f'model {want_shape or "missing"}')
-    if mismatched:
-      raise errors.ConfigError(
-          f'The checkpoint at step {step} in {self.directory} was written by a model of '
-          f'another shape ({len(mismatched)} mismatched parameters, first: '
-          f'{"; ".join(mismatched[:3])}). Use a new --workdir, or the config that wrote it.')
+    check_shapes(stored['params'], abstract_state['params'],
+                 f'The checkpoint at step {step} in {self.directory}')
 
   def __enter__(self):
     return self

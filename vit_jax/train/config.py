@@ -52,9 +52,10 @@ def describe_model(config: ml_collections.ConfigDict) -> str:
 
 
 def build_model(config: ml_collections.ConfigDict, **caller_fields):
-  """The module that `config` (a `model_config`) describes; `caller_fields` add e.g. num_classes."""
+  """The module that `config` (a `model_config`) describes; `caller_fields` add (or, taken from
+  weights, replace) fields: num_classes, vocab_size, representation_size."""
   fields = {key: value for key, value in config.items() if key != 'name'}
-  return models.get_model(config.name, **fields, **caller_fields)
+  return models.get_model(config.name, **{**fields, **caller_fields})
 
 
 def visualize_config() -> ml_collections.ConfigDict:
@@ -171,6 +172,31 @@ def translation_config(model: str = 'Transformer-base') -> ml_collections.Config
   config.eval_every = 5000  # Steps between evaluations (0: only at the end).
   config.checkpoint_every = 5000  # Steps between checkpoints (0: only at the end).
   return config
+
+
+# The least value of each integer field (those a task has); run-time checks come later.
+MINIMUMS = {
+    'batch_size': 1, 'eval_batch_size': 1, 'total_steps': 0, 'accum_steps': 1, 'log_every': 1,
+    'eval_every': 0, 'checkpoint_every': 0, 'keep_checkpoints': 1, 'fsdp_min_size': 0,
+    'beam_size': 1, 'max_decode_length': 0, 'decode_batch_size': 1, 'num_eval_decode': 0,
+    'visualize.num_examples': 1, 'predict.top_k': 1, 'predict.batch_size': 1,
+}
+
+
+def check_ranges(config: ml_collections.ConfigDict):
+  """One ConfigError naming every integer field below its least value (`MINIMUMS`), so that a
+  run stops at its start, not at the first evaluation it reaches."""
+  problems = []
+  for name, least in MINIMUMS.items():
+    section, _, key = name.rpartition('.')
+    fields = config.get(section, {}) if section else config
+    if key not in fields:
+      continue
+    value = fields[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+      problems.append(f'config.{name}={value!r} (expected an int >= {least})')
+  if problems:
+    raise errors.ConfigError(f'Invalid {", ".join(problems)}.')
 
 
 def from_file(spec: str) -> ml_collections.ConfigDict:

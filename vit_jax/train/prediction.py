@@ -58,14 +58,6 @@ def expand_inputs(spec: str) -> list[str]:
   return paths
 
 
-def _num_classes(params) -> int:
-  flat = weights.flatten_params(params)
-  if 'head/bias' not in flat:
-    raise errors.ConfigError('The weights have no classification head (head/bias): they are '
-                             'a feature extractor, which predicts no classes.')
-  return int(flat['head/bias'].shape[-1])
-
-
 def _checkpoint_image_size(flat: dict, model) -> int | None:
   """The square image size that a checkpoint's position embedding was trained at."""
   side = weights.posemb_side(flat)
@@ -73,39 +65,50 @@ def _checkpoint_image_size(flat: dict, model) -> int | None:
 
 
 def load_model_and_params(config: ml_collections.ConfigDict, workdir: str | None):
-  """(model, params, source) from WORKDIR's latest checkpoint or `config.pretrained`."""
-  image_shape = (config.data.image_size, config.data.image_size, config.data.channels)
-  if workdir is not None:
-    with checkpointing.Checkpointer(workdir, read_only=True) as checkpointer:
-      if checkpointer.latest_step() is not None:
-        params, step = checkpointer.restore_params(
-            fall_back=config.checkpoint_fallback,
-            item='ema_params' if config.use_ema else 'params')
-        model = config_lib.build_model(config.model, num_classes=_num_classes(params))
-        ema = ' (EMA weights)' if config.use_ema else ''
-        return model, params, f'{checkpointer.directory} at step {step}{ema}'
-  if not config.get('pretrained'):
+  """(model, params, source) from WORKDIR's latest checkpoint or `config.pretrained`.
+
+  The class count and pre-logits width come from the weights, every other field from
+  `config.model`; the weights are fitted to `config.data.image_size` (the position
+  embedding resized) and refused in one line when the model's shapes differ.
+  """
+  source = _read_checkpoint(config, workdir) if workdir is not None else None
+  if source is not None:
+    params, name = source
+  elif not config.get('pretrained'):
     where = f'No checkpoint in {files.join(workdir, "checkpoints")} and no' if workdir else 'No'
     raise errors.MissingFileError(
         f'{where} config.pretrained: trainer={config.trainer} has no weights. Train first, or '
         'pass published weights with --config.pretrained=FILE.npz (and the model with '
         '--config=configs/vit.py:MODEL,DATASET).')
-  path = config.pretrained
-  if config.use_ema:
+  elif config.use_ema:
     raise errors.ConfigError(f'config.use_ema reads the EMA weights of a checkpoint in '
-                             f'--workdir, which has none; config.pretrained={path!r} is read '
-                             'as it is: leave use_ema False.')
-  source = classification.read_weights(path, fall_back=config.checkpoint_fallback)
-  model = config_lib.build_model(config.model, num_classes=_num_classes(source))
+                             f'--workdir, which has none; config.pretrained='
+                             f'{config.pretrained!r} is read as it is: leave use_ema False.')
+  else:
+    name = config.pretrained
+    params = classification.read_weights(name, fall_back=config.checkpoint_fallback)
+  flat = weights.canonicalize(params)
+  model = config_lib.build_model(config.model, **weights.head_fields(flat, name))
+  image_shape = (config.data.image_size, config.data.image_size, config.data.channels)
   init = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros((1, *image_shape))))
-  native = _checkpoint_image_size(weights.canonicalize(source), model)
+  native = _checkpoint_image_size(flat, model)
   if native and native != config.data.image_size:
-    progress.log(f'{path} was trained at {native}x{native}; predicting at '
+    progress.log(f'{name} was trained at {native}x{native}; predicting at '
                  f'{config.data.image_size}x{config.data.image_size} (config.data.image_size) '
                  f'with its position embeddings resized. --config.data.image_size={native} '
                  'predicts at its own resolution.')
-  params = weights.load_pretrained(source, init['params'], source_name=path)
-  return model, params, path
+  return model, weights.load_pretrained(params, init['params'], source_name=name), name
+
+
+def _read_checkpoint(config, workdir: str) -> tuple[dict, str] | None:
+  """(params, description) of WORKDIR's latest checkpoint; None without one."""
+  with checkpointing.Checkpointer(workdir, read_only=True) as checkpointer:
+    if checkpointer.latest_step() is None:
+      return None
+    params, step = checkpointer.restore_params(
+        fall_back=config.checkpoint_fallback, item='ema_params' if config.use_ema else 'params')
+    ema = ' (EMA weights)' if config.use_ema else ''
+    return params, f'{checkpointer.directory} at step {step}{ema}'
 
 
 def class_names(config, workdir: str | None, num_classes: int) -> list[str]:

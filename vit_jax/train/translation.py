@@ -169,11 +169,24 @@ def _read_lines(config) -> Iterable[str]:
   return [line.rstrip('\n') for line in sys.stdin]
 
 
-def translate(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
-  """Translates lines from `config.input_file` or stdin to stdout with the latest checkpoint."""
+def load_model_and_params(config: ml_collections.ConfigDict, workdir: str):
+  """(tokenizer, model, params) of WORKDIR's latest checkpoint, refused in one line when
+  `config.model` is not the model that wrote it."""
   tokenizer = vocabulary.load_tokenizer(config.data, workdir)
   model = config_lib.build_model(config.model, vocab_size=tokenizer.vocab_size)
-  params, _ = checkpointing.restore_params(workdir, config.checkpoint_fallback, config.use_ema)
+  params, step = checkpointing.restore_params(workdir, config.checkpoint_fallback,
+                                              config.use_ema)
+  tokens = jnp.ones((1, 1), jnp.int32)
+  expected = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, tokens))
+  checkpointing.check_shapes(params, expected['params'],
+                             f'The checkpoint at step {step} in {workdir}',
+                             checkpointing.SAVED_CONFIG_ADVICE)
+  return tokenizer, model, params
+
+
+def translate(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
+  """Translates lines from `config.input_file` or stdin to stdout with the latest checkpoint."""
+  tokenizer, model, params = load_model_and_params(config, workdir)
   outputs = Translator(model, params, tokenizer, config).translate(list(_read_lines(config)))
   for line in outputs:
     print(line)

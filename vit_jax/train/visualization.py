@@ -15,7 +15,7 @@ import os
 import ml_collections
 
 from vit_jax import errors, progress, visualize
-from vit_jax.train import checkpointing, config as train_config, prediction
+from vit_jax.train import config as train_config, prediction
 
 
 def _split_inputs(inputs: str) -> list[str]:
@@ -60,15 +60,13 @@ def _image_attention(config, workdir: str, output_dir: str) -> list[str]:
 
 
 def _cross_attention(config, workdir: str, output_dir: str) -> list[str]:
-  from vit_jax.data import text, vocabulary  # pylint: disable=g-import-not-at-top
+  from vit_jax.data import text  # pylint: disable=g-import-not-at-top
   from vit_jax.train import translation  # pylint: disable=g-import-not-at-top
   sentences = _split_inputs(config.visualize.inputs)
   if not sentences:
     pairs = text.build(config.data, workdir=workdir).eval_texts()
     sentences = [source for source, _ in pairs[:config.visualize.num_examples]]
-  tokenizer = vocabulary.load_tokenizer(config.data, workdir)
-  model = train_config.build_model(config.model, vocab_size=tokenizer.vocab_size)
-  params, _ = checkpointing.restore_params(workdir, config.checkpoint_fallback, config.use_ema)
+  tokenizer, model, params = translation.load_model_and_params(config, workdir)
   translator = translation.Translator(model, params, tokenizer, config)
   inputs, outputs = translator.translate_ids(sentences)
   weights = visualize.cross_attention(model, params, inputs, outputs)  # (L, B, N, T, S)

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from vit_jax import errors
 from vit_jax.models.layers import unstack_layers
 from vit_jax.models.vit import PREFIX_TOKENS
 
@@ -163,3 +164,15 @@ def posemb_side(flat: Mapping[str, Any]) -> int | None:
   grid = flat[POSEMB].shape[1] - num_prefix_tokens(flat)
   side = math.isqrt(max(grid, 0))
   return side if side and side * side == grid else None
+
+
+def head_fields(flat: Mapping[str, Any], source: str) -> dict:
+  """The model fields that a classifier's weights fix: `num_classes` (the head's width) and
+  `representation_size` (the pre-logits layer's, as in the ImageNet-21k checkpoints; None
+  without one)."""
+  if 'head/bias' not in flat:
+    raise errors.ConfigError(f'{source} has no classification head (head/bias): it is a feature '
+                             'extractor, which predicts no classes; give a fine-tuned classifier.')
+  pre_logits = flat.get(PRE_LOGITS_PREFIX + 'bias')
+  return {'num_classes': int(flat['head/bias'].shape[-1]),
+          'representation_size': None if pre_logits is None else int(pre_logits.shape[-1])}
