@@ -74,18 +74,22 @@ def final_eval(out: subprocess.CompletedProcess, total_steps: int) -> str:
 
 def assert_resumed_run_repeats(config, tmp_path, last_step: int, resume_step: int):
   """Runs `config` twice; the second loses its last checkpoint (as if killed after
-  `resume_step`) and resumes: its losses must equal the uninterrupted run's."""
+  `resume_step`, in the middle of a metrics line) and resumes: its losses must equal the
+  uninterrupted run's, and its metrics.jsonl log each step once."""
   from vit_jax import main  # pylint: disable=g-import-not-at-top
   uninterrupted, interrupted = str(tmp_path / 'uninterrupted'), str(tmp_path / 'interrupted')
   main.run(config, uninterrupted)
   main.run(config, interrupted)
   shutil.rmtree(os.path.join(interrupted, 'checkpoints', str(last_step)))
-  os.remove(os.path.join(interrupted, 'metrics.jsonl'))
+  with open(os.path.join(interrupted, 'metrics.jsonl'), 'a') as f:
+    f.write('{"step": 999, "split": "tr')  # Cut short by the kill.
   main.run(config, interrupted)
-  expected = [row['loss'] for row in read_metrics(uninterrupted, 'train')][resume_step:]
-  resumed = [row['loss'] for row in read_metrics(interrupted, 'train')]
-  assert len(resumed) == last_step - resume_step
-  np.testing.assert_allclose(resumed, expected, rtol=1e-5)
+  expected = read_metrics(uninterrupted, 'train')
+  resumed = read_metrics(interrupted, 'train')
+  assert [row['step'] for row in resumed] == [row['step'] for row in expected]
+  np.testing.assert_allclose([row['loss'] for row in resumed],
+                             [row['loss'] for row in expected], rtol=1e-5)
+  del resume_step  # Where the second run resumes: its rows from there on are logged again.
 
 
 def read_metrics(workdir, split):

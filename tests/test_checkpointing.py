@@ -249,3 +249,20 @@ def test_a_reader_takes_the_newer_checkpoint_when_training_removes_the_one_it_re
   params, step = reader.restore_params()
   reader.close()
   assert step == 4 and float(params['dense']['kernel'][0, 0]) == 4
+
+
+def test_a_second_run_in_a_workdir_in_use_stops_in_one_line(tmp_path):
+  import fcntl  # pylint: disable=g-import-not-at-top
+  workdir = tmp_path / 'run'
+  workdir.mkdir()
+  with open(workdir / '.lock', 'w') as lock:  # As the first run holds it.
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    lock.write('pid 4242 on somehost\n')
+    lock.flush()
+    out = run_main(workdir)
+  assert user_error(out.stderr) == (
+      f'error: Another run (pid 4242 on somehost) is training in {workdir}; wait for it to end '
+      '(or stop it), or give this run another --workdir.')
+  assert sorted(os.listdir(workdir)) == ['.lock']
+  out = run_main(workdir)  # Once it has ended.
+  assert out.returncode == 0, out.stderr

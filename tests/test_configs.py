@@ -186,3 +186,28 @@ def test_from_file_reads_a_config_file_as_the_command_line_does():
   assert vit.model.name == 'ViT-S_16' and vit.data.dataset == 'cifar10'
   with pytest.raises(errors.MissingFileError, match='The config file .*nope.py does not exist'):
     config_lib.from_file(str(CONFIGS / 'nope.py'))
+
+
+def test_integer_fields_out_of_range_stop_the_run_at_its_start(tmp_path):
+  """Decoding settings are used only at the first evaluation: they are checked before training."""
+  workdir = tmp_path / 'run'
+  out = subprocess.run([sys.executable, '-m', 'vit_jax.main', '--config=configs/transformer_dates.py',
+                        f'--workdir={workdir}', '--config.beam_size=0', '--config.log_every=0',
+                        '--config.visualize.num_examples=-1'],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert user_error(out.stderr) == (
+      'error: Invalid config.log_every=0 (expected an int >= 1), config.beam_size=0 (expected '
+      'an int >= 1), config.visualize.num_examples=-1 (expected an int >= 1).')
+  assert not workdir.exists()
+
+
+@pytest.mark.parametrize('task', ['classification', 'translation'])
+def test_the_range_table_names_fields_of_the_configs(task):
+  config = (config_lib.classification_config() if task == 'classification'
+            else config_lib.translation_config())
+  config_lib.check_ranges(config)  # The defaults are in range.
+  for name in config_lib.MINIMUMS:
+    section, _, key = name.rpartition('.')
+    fields = config.get(section, {}) if section else config
+    if key in fields:
+      assert isinstance(fields[key], int), name

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from vit_jax import errors
 from vit_jax.data import dates
 from vit_jax.data import text, text_config, tokenizers, vocabulary
 
@@ -338,6 +339,20 @@ def test_files_empty_lines_are_skipped_and_counted(tmp_path, caplog):
   assert 'Skipped 3 of 5 examples' in caplog.text and 'lines [2, 4, 5]' in caplog.text
   batch = next(dataset.train_batches(batch_size=2))
   assert [dataset.tokenizer.decode(r) for r in batch['targets']] == ['A B', 'C D']
+
+
+def test_a_test_split_with_nothing_to_evaluate_stops_the_build(tmp_path):
+  """Every run evaluates at its end: an unusable test split is refused before training."""
+  config = _files_config(tmp_path, ['a b', 'c d'], ['A B', 'C D'], tokenizer='bytes')
+  _write(tmp_path / 'test.en', ['', '  '])
+  with pytest.raises(errors.ConfigError, match=r'The test split eval_files \(.*test\.de, .*test'
+                     r'\.en\) has no examples in use: of its 2, 2 have an empty side and 0 are '
+                     r"over max_length=\d+ \(long_examples='truncate'\); give test pairs"):
+    _build(config)
+  _write(tmp_path / 'test.de', [])
+  _write(tmp_path / 'test.en', [])
+  with pytest.raises(errors.ConfigError, match=r'has no examples in use: it is empty;'):
+    _build(config)
 
 
 @pytest.mark.parametrize('long_examples', ['truncate', 'skip'])

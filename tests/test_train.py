@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from helpers import assert_resumed_run_repeats, override, process_after, read_metrics
 
-from vit_jax import main, models, runtime, weights
+from vit_jax import errors, main, models, runtime, weights
 from vit_jax.train import checkpointing, classification
 from vit_jax.train import config as config_lib
 from vit_jax.train import loop, optim
@@ -85,8 +85,13 @@ def test_nan_loss_stops_and_names_the_step(tmp_path):
   config = tiny_config(**{'optimizer.learning_rate': 1e38, 'optimizer.grad_clip_norm': 0.0,
                           'optimizer.name': 'sgd', 'optimizer.warmup_steps': 0,
                           'checkpoint_every': 5, 'log_every': 5})
-  with pytest.raises(loop.TrainingDiverged, match=r'at step \d+; training stopped'):
+  with pytest.raises(loop.TrainingDiverged, match=r'at step \d+; training stopped\. (The last '
+                     r'checkpoint with finite weights is step \d+ in \S+|No checkpoint was '
+                     r'written yet)\. Lower '
+                     r'--config\.optimizer\.learning_rate \(now 1e\+38\), or clip gradients '
+                     r'harder with --config\.optimizer\.grad_clip_norm \(now 0; 0 is off\)') as raised:
     main.run(config, workdir)
+  assert isinstance(raised.value, errors.UserError)  # One line from the command line.
 
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path):

@@ -66,9 +66,11 @@ def _task(config, workdir: str):
 
 
 def _train(config, workdir: str):
-  from vit_jax.train import checkpointing, loop  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import checkpointing, loop, workdir_lock
   checkpointing.check_task(workdir, config.task)
-  return loop.train(config, workdir, _task(config, workdir))
+  with workdir_lock.held(workdir):
+    return loop.train(config, workdir, _task(config, workdir))
 
 
 def _evaluate(config, workdir: str):
@@ -113,6 +115,7 @@ def run(config, workdir: str):
   if config.trainer not in known:
     raise errors.ConfigError(f'config.trainer={config.trainer!r} is not a mode of the '
                              f'{config.task} task; choose one of {", ".join(known)}.')
+  config_lib.check_ranges(config)
   if config.use_ema and config.trainer not in USE_EMA_MODES:
     raise errors.ConfigError(
         f'config.use_ema applies to trainer={"/".join(USE_EMA_MODES)}, not {config.trainer!r} '

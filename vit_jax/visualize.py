@@ -328,14 +328,19 @@ def read_metrics(path: str) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]
   if not os.path.exists(path):
     raise errors.MissingFileError(f'No metrics at {path}: pass the workdir of a vit_jax run that '
                                   'has logged at least once.')
-  series: dict[str, dict[str, list[tuple[int, float]]]] = {}
+  records = {}  # (split, step) -> the last row logged for it (a resumed run logs it again).
   with open(path) as f:
     for line in f:
-      if line.strip():
+      try:
         record = json.loads(line)
-        step, split = record.pop('step'), record.pop('split')
-        for name, value in record.items():
-          series.setdefault(split, {}).setdefault(name, []).append((step, value))
+      except json.JSONDecodeError:
+        continue  # Empty, or cut short by a killed process.
+      if isinstance(record, dict) and 'step' in record and 'split' in record:
+        records[record.pop('split'), record.pop('step')] = record
+  series: dict[str, dict[str, list[tuple[int, float]]]] = {}
+  for (split, step), record in sorted(records.items(), key=lambda item: item[0][1]):
+    for name, value in record.items():
+      series.setdefault(split, {}).setdefault(name, []).append((step, value))
   return {split: {name: tuple(np.array(column) for column in zip(*points))
                   for name, points in metrics.items()}
           for split, metrics in series.items()}

@@ -195,5 +195,12 @@ def build(config, workdir: str | None = None, process_index: int | None = None,
         f'{source.train.name} has {len(source.train.sources)} examples, '
         f'{dataset.num_empty["train"]} with an empty side and {dataset.num_long["train"]} over '
         f'max_length={config.max_length} (long_examples={config.long_examples!r}).')
+  if not dataset.local_num_test_examples and process_count == 1:
+    # Every run evaluates at its end: a split with nothing to evaluate stops it now.
+    why = (f'of its {len(source.test.sources)}, {dataset.num_empty["test"]} have an empty side '
+           f'and {dataset.num_long["test"]} are over max_length={config.max_length} '
+           f'(long_examples={config.long_examples!r})' if source.test.sources else 'it is empty')
+    raise errors.ConfigError(f'The test split {source.test.name} has no examples in use: {why}; '
+                             'give test pairs with both sides.')
   logging.info('%r', dataset)
   return dataset

@@ -61,8 +61,8 @@ def build_tokenizer(config: ml_collections.ConfigDict, workdir: str | None,
   if path and files.exists(path):
     tokenizer = tokenizers.load(config.tokenizer, path)
     _checked_vocabulary(tokenizer, config, path)
-    logging.info('Reusing the %d-id %s vocabulary in %s', tokenizer.vocab_size,
-                 config.tokenizer, path)
+    progress.log(f'Reusing the {tokenizer.vocab_size:,}-id {config.tokenizer} vocabulary '
+                 f'that {path} holds (a new corpus needs a new --workdir).')
     return tokenizer
   # Every host builds it from the same sample of the whole train split, so all get the same ids;
   # each writes the (identical) file, which also serves hosts without a shared workdir.

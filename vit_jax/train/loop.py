@@ -71,8 +71,8 @@ class Task(Protocol):
     """How many batches `eval_batches` yields (the same on every process)."""
 
 
-class TrainingDiverged(RuntimeError):
-  """The loss became NaN or infinite."""
+class TrainingDiverged(errors.UserError, RuntimeError):
+  """The loss became NaN or infinite: the settings' to change, said in one line."""
 
 
 def _init_state(task: Task, tx: optax.GradientTransformation, rng: jax.Array,
@@ -246,6 +246,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   # Written once the checkpoint (if any) was read into this config's model: a config that
   # cannot resume the run leaves the config that wrote it in place.
   checkpointing.save_config(workdir, config)
+  metrics_lib.keep_rows_until(workdir, start_step)  # The steps from here are logged again.
 
   frozen = task.frozen_params()  # A teacher's params (host): FSDP-split like the model's.
   frozen_shardings = mesh_lib.tree_shardings(frozen, mesh, config.fsdp_min_size)
@@ -314,11 +315,14 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
       if bad_step is not None:
         checkpointer.finish()
         last_good = checkpointer.latest_step()
-        resume = (f'The last good checkpoint is step {last_good} in {checkpointer.directory}. '
-                  'Lower the learning rate or enable gradient clipping, then rerun to resume '
-                  'from it.' if last_good is not None else
-                  'No checkpoint was written yet. Lower the learning rate or enable gradient '
-                  'clipping, then rerun to start again from step 0.')
+        change = (f'Lower --config.optimizer.learning_rate (now {config.optimizer.learning_rate:g}'
+                  f'), or clip gradients harder with --config.optimizer.grad_clip_norm (now '
+                  f'{config.optimizer.grad_clip_norm:g}; 0 is off)')
+        resume = (f'The last checkpoint with finite weights is step {last_good} in '
+                  f'{checkpointer.directory}. {change}, then rerun to resume from it (or use a '
+                  'new --workdir if its loss was already far off).' if last_good is not None else
+                  f'No checkpoint was written yet. {change}, then rerun to start again from '
+                  'step 0.')
         raise TrainingDiverged(
             f'The loss became {pending[bad_step - pending[0][0]][1]["loss"]} at step '
             f'{bad_step}; training stopped. {resume}')
@@ -333,13 +337,15 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
           f'{_memory(stats)}  ETA {progress.format_duration(stats["eta"])}')
       pending = []
     not_training_since = time.perf_counter()
+    if do_save:
+      checkpointer.save(step, state)
     if do_eval:
+      # After the save is complete: the weights are kept whatever the evaluation meets.
+      checkpointer.finish()
       last_eval = eval_loop.evaluate_state(task, state, mesh, eval_sums)
       writer.write(step, 'test', last_eval)
       progress.log(f'eval at step {step}: ' + '  '.join(
           f'{k} {v:.4f}' for k, v in last_eval.items()))
-    if do_save:
-      checkpointer.save(step, state)
     timer.exclude(time.perf_counter() - not_training_since)
     if not is_last and stop.requested(step):
       if not do_save:

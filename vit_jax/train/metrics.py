@@ -63,12 +63,38 @@ class MetricWriter:
       self._events.close()
 
 
+def _parsed(lines) -> list[dict]:
+  """The rows of metrics.jsonl's lines, without a line cut short (a killed process, a full
+  disk) that does not parse."""
+  rows = []
+  for line in lines:
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError:
+      continue
+    if isinstance(row, dict) and 'step' in row and 'split' in row:
+      rows.append(row)
+  return rows
+
+
 def read_rows(workdir: str) -> list[dict]:
   """The objects of WORKDIR/metrics.jsonl, in order; [] when there is none."""
   path = files.join(workdir, 'metrics.jsonl')
   if not files.exists(path):
     return []
-  return [json.loads(line) for line in files.read_text(path).splitlines() if line.strip()]
+  return _parsed(files.read_text(path).splitlines())
+
+
+def keep_rows_until(workdir: str, step: int):
+  """Drops WORKDIR/metrics.jsonl's rows after `step` (and lines cut short), as a run resumed
+  from the checkpoint of `step` logs those steps again (process 0)."""
+  path = files.join(workdir, 'metrics.jsonl')
+  if jax.process_index() != 0 or not files.exists(path):
+    return
+  lines = files.read_text(path).splitlines()
+  rows = [row for row in _parsed(lines) if row['step'] <= step]
+  if len(rows) != len(lines):
+    files.write_text_atomically(path, ''.join(json.dumps(row) + '\n' for row in rows))
 
 
 class Progress:
