@@ -51,8 +51,14 @@ def test_dates_train_evaluate_and_translate(tmp_path, capsys):
   inputs.write_text('le 3 mars 1979\n\n3. März 1979\n')
   capsys.readouterr()
   outputs = main.run(tiny_config(trainer='translate', input_file=str(inputs)), workdir)
-  assert len(outputs) == 3  # One line out per line in, empty ones included.
+  assert len(outputs) == 3 and outputs[1] == ''  # One line out per line in, empty ones empty.
   assert capsys.readouterr().out.splitlines() == outputs
+  # Lines are read as the corpus's are: a byte order mark, CR and surrounding spaces go.
+  inputs.write_bytes('\ufeffle 3 mars 1979\r\n  le 3 mars 1979 \n'.encode('utf-8'))
+  assert main.run(tiny_config(trainer='translate', input_file=str(inputs)),
+                  workdir) == [outputs[0]] * 2
+  with pytest.raises(errors.MissingFileError, match=r"config\.input_file: file '\S+' does not"):
+    main.run(tiny_config(trainer='translate', input_file=str(tmp_path / 'missing.txt')), workdir)
 
   # trainer=visualize: one cross-attention heat map per sentence, and the training curves.
   paths = main.run(tiny_config(trainer='visualize', **{

@@ -110,24 +110,32 @@ def parse_file_pair(value, key: str) -> tuple[str, str]:
   return parts[0].strip(), parts[1].strip()
 
 
-def read_lines(path: str, key: str) -> list[str]:
-  """The lines of a UTF-8 text file (plain or .gz), stripped of surrounding whitespace."""
+def read_lines(path: str, field: str) -> list[str]:
+  """The lines of a UTF-8 text file (plain or .gz), stripped of surrounding whitespace; `field`
+  (config.data.train_files, ...) names it in errors."""
   if not files.exists(path):
-    raise errors.MissingFileError(f'config.data.{key}: file {path!r} does not exist.')
+    raise errors.MissingFileError(f'{field}: file {path!r} does not exist.')
+  if files.isdir(path):
+    raise errors.ConfigError(f'{field}: {path!r} is a directory; give a text file.')
   data = files.read_bytes(path)
   if path.endswith('.gz') or data[:2] == b'\x1f\x8b':
     try:
       data = gzip.decompress(data)
     except (OSError, EOFError, zlib.error) as e:
-      raise errors.BadFileError(
-          f'config.data.{key}: {path!r} is not a valid gzip file ({e}).') from None
+      raise errors.BadFileError(f'{field}: {path!r} is not a valid gzip file ({e}).') from None
+  return decode_lines(data, repr(path))
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+  """The lines of UTF-8 text, stripped of surrounding whitespace (and a byte order mark);
+  `name` says where the bytes came from in errors."""
   try:
     text = data.decode('utf-8')
   except UnicodeDecodeError as e:
     line = data.count(b'\n', 0, e.start) + 1
     column = e.start - (data.rfind(b'\n', 0, e.start) + 1) + 1
     raise errors.BadFileError(
-        f'{path!r} line {line}: not valid UTF-8 ({e.reason}: byte '
+        f'{name} line {line}: not valid UTF-8 ({e.reason}: byte '
         f'{data[e.start:e.start + 1]!r} at byte {column} of the line); re-encode the file as '
         'UTF-8, e.g. `iconv -f latin1 -t utf-8`.') from None
   text = text.removeprefix('\ufeff')  # A byte order mark is not part of the first sentence.
@@ -140,8 +148,8 @@ def read_lines(path: str, key: str) -> list[str]:
 def _read_parallel_files(value, key: str) -> tuple[str, list[tuple[str, str]]]:
   source_path, target_path = parse_file_pair(value, key)
   with progress.phase(f'Reading {source_path} and {target_path}') as phase:
-    source_lines = read_lines(source_path, key)
-    target_lines = read_lines(target_path, key)
+    source_lines = read_lines(source_path, f'config.data.{key}')
+    target_lines = read_lines(target_path, f'config.data.{key}')
     phase.result = f'{len(source_lines):,} and {len(target_lines):,} lines'
 
   if len(source_lines) != len(target_lines):

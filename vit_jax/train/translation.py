@@ -5,7 +5,6 @@ decoded-text metrics (corpus BLEU with sacrebleu, exact match).
 """
 
 import sys
-from typing import Iterable
 
 import jax
 from jax.experimental import multihost_utils
@@ -14,7 +13,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import decode, progress
-from vit_jax.data import text, tokenizers, vocabulary
+from vit_jax.data import text, text_sources, tokenizers, vocabulary
 from vit_jax.train import checkpointing, config as config_lib, distributed, task
 from vit_jax.train.losses import cross_entropy
 
@@ -72,10 +71,13 @@ class Translator:
     return np.concatenate(sources), np.concatenate(outputs)
 
   def translate(self, lines: list[str]) -> list[str]:
-    if not lines:
-      return []
-    _, outputs = self.translate_ids(lines)
-    return [self.tokenizer.decode([int(t) for t in row]) for row in outputs]
+    """One translation per line; an empty line gives an empty one."""
+    sentences = [line for line in lines if line]
+    if not sentences:
+      return ['' for _ in lines]
+    _, outputs = self.translate_ids(sentences)
+    translations = iter(self.tokenizer.decode([int(t) for t in row]) for row in outputs)
+    return [next(translations) if line else '' for line in lines]
 
 
 def text_metrics(hypotheses: list[str], references: list[str]) -> dict:
@@ -162,11 +164,11 @@ class TranslationTask(task.BatchedTask):
             'num_decoded': float(len(hypotheses))}
 
 
-def _read_lines(config) -> Iterable[str]:
+def _read_lines(config) -> list[str]:
+  """config.input_file's lines, or standard input's, as the corpus reader reads its files."""
   if config.input_file:
-    with open(config.input_file, encoding='utf-8') as f:
-      return [line.rstrip('\n') for line in f]
-  return [line.rstrip('\n') for line in sys.stdin]
+    return text_sources.read_lines(config.input_file, 'config.input_file')
+  return text_sources.decode_lines(sys.stdin.buffer.read(), 'standard input')
 
 
 def load_model_and_params(config: ml_collections.ConfigDict, workdir: str):
@@ -186,8 +188,9 @@ def load_model_and_params(config: ml_collections.ConfigDict, workdir: str):
 
 def translate(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   """Translates lines from `config.input_file` or stdin to stdout with the latest checkpoint."""
+  lines = _read_lines(config)  # Before the weights: a wrong file is said at once.
   tokenizer, model, params = load_model_and_params(config, workdir)
-  outputs = Translator(model, params, tokenizer, config).translate(list(_read_lines(config)))
+  outputs = Translator(model, params, tokenizer, config).translate(lines)
   for line in outputs:
     print(line)
   return outputs
