@@ -61,7 +61,7 @@ def test_a_corrupt_latest_checkpoint_is_set_aside_and_training_resumes(finished,
   assert 'The checkpoint at step 8: ' in out.stdout and 'trying step 6' in out.stdout
   out = subprocess.run([sys.executable, '-m', 'vit_jax.convert', str(workdir),
                         str(tmp_path / 'out.npz')], capture_output=True, text=True, cwd=REPO)
-  assert 'cannot be read; --config.checkpoint_fallback' in user_error(out.stderr)
+  assert 'cannot be read; --checkpoint-fallback takes the newest' in user_error(out.stderr)
 
   # Training sets the broken one aside, resumes from step 6, and ends as if nothing happened.
   out = run_main(workdir)

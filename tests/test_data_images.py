@@ -455,6 +455,14 @@ def test_missing_folder_path_is_a_clear_error(tmp_path):
     images.build(_config(dataset=missing), process_index=0, process_count=1)
 
 
+def test_a_train_class_folder_without_images_is_a_clear_error(tmp_path):
+  _make_folder(tmp_path)
+  os.makedirs(tmp_path / 'train' / 'checkpoints' / '0')  # Not a class: holds no image.
+  with pytest.raises(ValueError, match=r"Train folder '.*train' has class folders with no "
+                                       r"images: \['checkpoints'\]; remove them"):
+    images.build(_config(dataset=str(tmp_path)), process_index=0, process_count=1)
+
+
 def test_config_mistakes_are_named():
   with pytest.raises(ValueError, match="Unknown data config keys.*'image_sise'"):
     images.build({'image_sise': 8}, process_index=0, process_count=1)

@@ -47,7 +47,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
   except (errors.UserError, FileExistsError) as e:
-    print(f'error: {e}', file=sys.stderr)
+    # The checkpoint readers name the trainer's flag; this program's is --checkpoint-fallback.
+    message = str(e).replace('--config.checkpoint_fallback=True', '--checkpoint-fallback')
+    print(f'error: {message}', file=sys.stderr)
     return 1
   print(f'Wrote {args.dst}')
   return 0

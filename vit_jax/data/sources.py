@@ -274,6 +274,11 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
     paths, labels = _list_images(split_dir, class_names)
     if not paths:
       raise errors.ConfigError(f'No images in {split_dir!r}: expected the layout {_FOLDER_LAYOUT}.')
+    present = set(labels)
+    empty = [name for label, name in enumerate(class_names) if label not in present]
+    if key == 'train_split' and empty:  # Each would be a class the model is asked to learn.
+      raise errors.ConfigError(f'Train folder {split_dir!r} has class folders with no images: '
+                               f'{empty}; remove them, or put their images in.')
     paths, labels, skipped = _drop_non_images(paths, labels)
     if skipped:
       skipped_files.extend(skipped)
