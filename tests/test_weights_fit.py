@@ -13,12 +13,14 @@ from vit_jax import weights
 
 
 @pytest.mark.parametrize('name, num_extra', [('ViT-testing', 1), ('DeiT-testing', 2)])
-def test_other_resolution_resizes_position_embedding(name, num_extra, tmp_path):
+def test_other_resolution_resizes_position_embedding(name, num_extra, tmp_path, capsys):
   params = _random_params(name)
   path = tmp_path / 'params.npz'
   weights.save_npz(path, params)
 
   loaded = weights.load_pretrained(path, _shapes(name, size=24))  # 4x4 -> 6x6 grid.
+  assert capsys.readouterr().out == (f'{path} fitted to the model: position embedding resized '
+                                     'from a 4x4 grid to 6x6.\n')
 
   old = params['Transformer']['posembed_input']['pos_embedding']
   new = loaded['Transformer']['posembed_input']['pos_embedding']
@@ -47,7 +49,7 @@ def test_resize_posemb_identity_and_downsampling():
     weights.resize_posemb(posemb[:, :-1], 1, (4, 4))
 
 
-def test_head_follows_class_count(tmp_path):
+def test_head_follows_class_count(tmp_path, capsys):
   params = _random_params('ViT-testing')
   path = tmp_path / 'params.npz'
   weights.save_npz(path, params)
@@ -55,7 +57,11 @@ def test_head_follows_class_count(tmp_path):
   init = jax.jit(model.init)(jax.random.PRNGKey(1), jnp.zeros((1, SIZE, SIZE, 3)))['params']
   assert not np.any(init['head']['kernel'])  # The model's own head is zero-initialised.
 
+  capsys.readouterr()
   other = weights.load_pretrained(path, init)
+  assert capsys.readouterr().out == (  # Said, so that a wrong class count is seen.
+      f'{path} fitted to the model: head initialised afresh (the file has {NUM_CLASSES} '
+      'classes, the model 5).\n')
   _assert_trees_equal(other['head'], init['head'])
   _assert_trees_equal(other['Transformer'], params['Transformer'])
 

@@ -7,7 +7,6 @@ position embedding's patch grid is resized). Everything runs in numpy on the hos
 """
 
 import dataclasses
-import logging
 import math
 import os
 from typing import Any, Callable, Mapping
@@ -16,16 +15,15 @@ from flax.core import FrozenDict, freeze
 import jax
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import errors, progress
 from vit_jax.models.layers import stack_layers
 from vit_jax.weights.layout import (HEAD_PREFIXES, POSEMB, PRE_LOGITS_PREFIX, STACKED_BLOCK,
                                     FlatParams, canonicalize, flatten_params, is_stacked_name,
-                                    num_prefix_tokens, unflatten_params, unstack_blocks)
+                                    num_prefix_tokens, posemb_side, unflatten_params,
+                                    unstack_blocks)
 from vit_jax.weights.storage import load_npz
 
 _MAX_LISTED = 10  # Mismatches shown in an error message.
-
-_log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +188,7 @@ def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
                  'pre_logits only in the ' + ('file' if file_has_pre_logits else 'model'))
 
   result: FlatParams = {}
+  changes: list[str] = []  # What fitting changed, said in one line.
   from_model: dict[str, str] = {}  # Name -> why it is taken from init_params.
   problems: list[tuple[str, Any, Any]] = []
   for name, init in target.items():
@@ -221,7 +220,9 @@ def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
                          f'model has {num_grid} grid tokens ({init_shape[1]} tokens minus '
                          f'{num_extra} class token(s)).')
       result[name] = resize_posemb(value, num_extra, grid)
-      _log.info('%s: resized %s -> %s (grid %dx%d).', name, value.shape, init_shape, *grid)
+      side = posemb_side(source)
+      changes.append(f'position embedding resized from {f"a {side}x{side}" if side else "its"} '
+                     f'grid to {grid[0]}x{grid[1]}')
     else:
       problems.append((name, value.shape, init_shape))
   # The model may lack the file's pre_logits and head(s), e.g. a feature extractor.
@@ -241,11 +242,17 @@ def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
   if needed and init_values is not None:
     fresh = init_values(needed)
     target.update({name: _to_host(fresh[name]) for name in needed})
+  new_by_reason: dict[str, set[str]] = {}
   for name, why in from_model.items():
     result[name] = _init_value(name, target[name], why)
-    _log.info('%s: taken from the model (%s).', name, why)
+    new_by_reason.setdefault(why, set()).add(name.split('/')[0])
+  changes += [f'{", ".join(sorted(layers))} initialised afresh ({why})'
+              for why, layers in new_by_reason.items()]
   if dropped:
-    _log.info('Dropped %s: not in the model.', ', '.join(dropped))
+    changes.append(f'{", ".join(sorted({n.split("/")[0] for n in dropped}))} left out (not in '
+                   'the model)')
+  if changes:
+    progress.log(f'{source_desc} fitted to the model: {"; ".join(changes)}.')
   result = {name: result[name] for name in target}  # The model's order.
 
   if scanned:  # Back to the model's stacked blocks, in its order.
