@@ -147,7 +147,7 @@ def test_preprocessing_artifacts_equal_predict_on_uint8_images(sources, image_fi
     pytest.importorskip('jax2onnx')
   workdir, model, params, _ = sources['ViT-testing']
   config = checkpointing.load_config(workdir)
-  want = prediction.predict_files(model, params, image_files, config.data, batch_size=1)
+  _, want = prediction.predict_files(model, params, image_files, config.data, batch_size=1)
   out = str(tmp_path / 'out')
   export.export(workdir, out, export_format, preprocess=True)
   for path, expected in zip(image_files, want):
@@ -167,7 +167,7 @@ def test_the_command_line_writes_a_preprocessing_savedmodel(sources, image_files
   assert result.returncode == 0, result.stdout + result.stderr
   assert f'Wrote {out}' in result.stdout
   config = checkpointing.load_config(workdir)
-  want = prediction.predict_files(model, params, image_files, config.data, batch_size=1)
+  _, want = prediction.predict_files(model, params, image_files, config.data, batch_size=1)
   for path, expected in zip(image_files, want):
     got = _run(out, 'savedmodel', np.asarray(Image.open(path))[None])['probabilities'][0]
     print(f'savedmodel --preprocess (CLI): max |probabilities - predict| '

@@ -172,3 +172,25 @@ def test_a_workdir_is_fitted_to_the_image_size_and_refused_by_another_model(digi
                  '--config.model.hidden_size=48')
   assert re.fullmatch(r'error: \S+/checkpoints at step 30 does not fit the model: \d+ mismatched '
                       r'parameter\(s\) .*', user_error(out.stderr)), out.stderr
+
+
+def test_files_that_are_not_images_are_skipped_and_said(digits_run):
+  root, _ = digits_run
+  folder = root / 'mixed'
+  good = _photos(folder, sizes=((8, 8),))[0]
+  (folder / 'empty.jpg').write_bytes(b'')
+  png = pathlib.Path(good).read_bytes()
+  (folder / 'truncated.png').write_bytes(png[:len(png) // 2])
+  out = run_main(f'--workdir={root / "run"}', '--config.trainer=predict',
+                 f'--config.predict.inputs={folder}', '--config.predict.top_k=1')
+  assert out.returncode == 0, out.stderr
+  printed = [line for line in out.stdout.splitlines() if line.startswith(str(folder))]
+  assert printed == [good]
+  skipped = [line for line in out.stdout.splitlines() if line.startswith('Skipped: ')]
+  assert len(skipped) == 2 and 'empty.jpg is not an image' in skipped[0], out.stdout
+  assert 'truncated.png is not an image' in skipped[1]
+  pathlib.Path(good).unlink()
+  out = run_main(f'--workdir={root / "run"}', '--config.trainer=predict',
+                 f'--config.predict.inputs={folder}')
+  assert user_error(out.stderr) == ('error: None of the 2 file(s) of config.predict.inputs is an '
+                                    'image that can be read.')

@@ -124,20 +124,47 @@ def class_names(config, workdir: str | None, num_classes: int) -> list[str]:
   return [str(i) for i in range(num_classes)]
 
 
-def predict_files(model, params, paths: list[str], data_config, batch_size: int) -> np.ndarray:
-  """Class probabilities (len(paths), num_classes) of image files, in fixed-size batches."""
+def predict_files(model, params, paths: list[str], data_config,
+                  batch_size: int) -> tuple[list[str], np.ndarray]:
+  """(the paths predicted, their class probabilities (N, num_classes)), in fixed-size batches.
+
+  A file that cannot be read as an image (truncated, empty, not an image) is left out, said
+  in one line; MissingFileError when none can be read.
+  """
   apply = jax.jit(lambda p, x: jax.nn.softmax(model.apply({'params': p}, x), axis=-1))
-  probabilities = []
+  predicted, probabilities = [], []
   with progress.phase(f'Predicting {len(paths)} image(s)', total=len(paths),
                       unit='images') as phase:
     for start in range(0, len(paths), batch_size):
       chunk = paths[start:start + batch_size]
-      images = image_data.load_files(chunk, data_config)
-      padded = np.concatenate([images, np.zeros((batch_size - len(chunk), *images.shape[1:]),
-                                                images.dtype)])  # One compiled shape.
-      probabilities.append(np.asarray(apply(params, padded))[:len(chunk)])
+      readable, images = _read_images(chunk, data_config)
       phase.advance(len(chunk))
-  return np.concatenate(probabilities)
+      if not readable:
+        continue
+      padded = np.concatenate([images, np.zeros((batch_size - len(readable), *images.shape[1:]),
+                                                images.dtype)])  # One compiled shape.
+      probabilities.append(np.asarray(apply(params, padded))[:len(readable)])
+      predicted += readable
+  if not predicted:
+    raise errors.BadFileError(f'None of the {len(paths)} file(s) of config.predict.inputs is '
+                              'an image that can be read.')
+  return predicted, np.concatenate(probabilities)
+
+
+def _read_images(paths: list[str], data_config) -> tuple[list[str], np.ndarray | None]:
+  """(the readable ones of `paths`, their model inputs); each unreadable one said in a line."""
+  try:
+    return paths, image_data.load_files(paths, data_config)
+  except errors.BadFileError:
+    pass
+  readable, images = [], []
+  for path in paths:
+    try:
+      images.append(image_data.load_files([path], data_config)[0])
+      readable.append(path)
+    except errors.BadFileError as error:
+      progress.log(f'Skipped: {error}')
+  return readable, np.stack(images) if images else None
 
 
 def run(config: ml_collections.ConfigDict, workdir: str | None) -> list[dict]:
@@ -156,8 +183,8 @@ def run(config: ml_collections.ConfigDict, workdir: str | None) -> list[dict]:
   model, params, source = load_model_and_params(config, workdir)
   names = class_names(config, workdir, model.num_classes)
   progress.log(f'Weights: {source} ({config.model.name}, {model.num_classes} classes).')
-  probabilities = predict_files(model, params, paths, config.data,
-                                min(settings.batch_size, len(paths)))
+  paths, probabilities = predict_files(model, params, paths, config.data,
+                                       min(settings.batch_size, len(paths)))
   top_k = min(settings.top_k, model.num_classes)
   results = []
   for path, row in zip(paths, probabilities):
