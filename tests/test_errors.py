@@ -88,8 +88,10 @@ CASES = {
                       r'Image file .*cat\.jpg \(config\.predict\.inputs\) does not exist'),
     'not an image': (['--workdir={root}/digits', '--config.trainer=predict',
                       '--config.predict.inputs={root}/notes.png'],
-                     r'notes\.png is not an image that can be read \(PNG, JPEG, GIF or BMP\): '
-                     r'Unknown image file format'),
+                     r'None of the 1 file\(s\) of config\.predict\.inputs is an image that can '
+                     r'be read\.'),
+    'workdir is a file': ([DIGITS, '--workdir={root}/notes.png'],
+                          r'--workdir=\S+notes\.png is a file; give a directory'),
     'workdir of the other task': ([DIGITS, '--workdir={root}/dates'],
                                   r'--workdir=.*dates holds a translation run \(its config\.json'
                                   r'\), not a classification one'),

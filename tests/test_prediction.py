@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 from helpers import override, user_error
 
-from vit_jax import main, models, weights
+from vit_jax import errors, main, models, weights
 from vit_jax.data import class_names, images, sources
 from vit_jax.train import checkpointing, config as config_lib, prediction
 
@@ -194,3 +194,12 @@ def test_files_that_are_not_images_are_skipped_and_said(digits_run):
                  f'--config.predict.inputs={folder}')
   assert user_error(out.stderr) == ('error: None of the 2 file(s) of config.predict.inputs is an '
                                     'image that can be read.')
+
+
+def test_a_corrupt_class_names_file_is_one_line_and_training_writes_it_anew(tmp_path):
+  (tmp_path / 'class_names.json').write_text('["a", ')  # Cut short.
+  with pytest.raises(errors.BadFileError, match=r'class_names\.json is not valid JSON .*; '
+                                                r'delete it to show class indices'):
+    class_names.load(str(tmp_path))
+  class_names.save(str(tmp_path), ['cat', 'dog'])
+  assert class_names.load(str(tmp_path)) == ('cat', 'dog')

@@ -14,7 +14,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vit_jax import errors, runtime
+from vit_jax import errors, files, runtime
 from vit_jax.train import distributed, flag_errors, preemption
 
 # Without --config, the config saved in --workdir by an earlier run (flag_errors.parse_flags
@@ -144,6 +144,9 @@ def main(argv):
   if workdir is None and not (config.trainer == 'predict' and config.get('pretrained')):
     raise errors.ConfigError('--workdir is required, e.g. python -m vit_jax.main '
                              '--config=configs/vit_digits.py --workdir=runs/digits')
+  if workdir is not None and files.exists(workdir) and not files.isdir(workdir):
+    raise errors.ConfigError(f'--workdir={workdir} is a file; give a directory (a new one to '
+                             'train, or the workdir of a run).')
   if not flags.FLAGS['verbosity'].present:
     logging.set_verbosity(logging.WARNING)  # Orbax and TF are chatty at INFO.
   on_cpu = runtime.jax_runs_on_cpu()  # Known before any backend starts.

@@ -11,7 +11,7 @@ import json
 
 import ml_collections
 
-from vit_jax import files
+from vit_jax import errors, files
 
 FILE = 'class_names.json'
 # TFDS datasets whose labels are ImageNet-1k's 1,000 classes in imagenet2012's order.
@@ -23,8 +23,11 @@ def save(workdir: str, names) -> None:
   """Writes WORKDIR/class_names.json (a JSON list), unless it holds these names already."""
   path = files.join(workdir, FILE)
   names = [str(name) for name in names]
-  if load(workdir) == tuple(names):
-    return
+  try:
+    if load(workdir) == tuple(names):
+      return
+  except errors.BadFileError:
+    pass  # Written anew.
   files.write_text_atomically(path, json.dumps(names, ensure_ascii=False, indent=0) + '\n')
 
 
@@ -33,7 +36,15 @@ def load(workdir: str) -> tuple[str, ...] | None:
   path = files.join(workdir, FILE)
   if not files.exists(path):
     return None
-  return tuple(json.loads(files.read_text(path)))
+  try:
+    names = json.loads(files.read_text(path))
+  except json.JSONDecodeError as e:
+    raise errors.BadFileError(f'{path} is not valid JSON ({e}); delete it to show class '
+                              'indices, or write the names as a JSON list.') from None
+  if not isinstance(names, list):
+    raise errors.BadFileError(f'{path} holds no list of class names; delete it to show class '
+                              'indices, or write the names as a JSON list.')
+  return tuple(str(name) for name in names)
 
 
 def imagenet2012() -> tuple[str, ...]:

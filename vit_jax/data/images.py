@@ -223,6 +223,8 @@ def load_files(paths: list[str], config=None) -> np.ndarray:
   for path in paths:
     if not tf.io.gfile.exists(path):
       raise errors.MissingFileError(f'Image file {path!r} does not exist.')
+    if tf.io.gfile.isdir(path):
+      raise errors.ConfigError(f'Image file {path!r} is a directory; give image files.')
     try:
       image = tf.io.decode_image(tf.io.read_file(path), channels=config.channels,
                                  expand_animations=False)

@@ -266,6 +266,11 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   progress.log(f'Model {config_lib.describe_model(config.model)}: {num_params:,} parameters.')
   if config.optimizer.layer_decay != 1:
     progress.log(optim.describe_layer_decay(target['params'], config.optimizer.layer_decay))
+  if config.optimizer.warmup_steps >= config.total_steps > start_step:
+    progress.log(f'Note: config.optimizer.warmup_steps={config.optimizer.warmup_steps} >= '
+                 f'config.total_steps={config.total_steps}: the learning rate never reaches '
+                 f'its peak, {config.optimizer.learning_rate:g} (lower '
+                 '--config.optimizer.warmup_steps for a short run).')
   progress.log(f'Training {config.total_steps} steps of batch {config.batch_size} on '
                f'{mesh.size} device(s) ({jax.devices()[0].platform}; mesh {mesh_desc}), '
                f'from step {start_step}; workdir {workdir}.')
