@@ -346,8 +346,8 @@ def test_a_test_split_with_nothing_to_evaluate_stops_the_build(tmp_path):
   config = _files_config(tmp_path, ['a b', 'c d'], ['A B', 'C D'], tokenizer='bytes')
   _write(tmp_path / 'test.en', ['', '  '])
   with pytest.raises(errors.ConfigError, match=r'The test split eval_files \(.*test\.de, .*test'
-                     r'\.en\) has no examples in use: of its 2, 2 have an empty side and 0 are '
-                     r"over max_length=\d+ \(long_examples='truncate'\); give test pairs"):
+                     r'\.en\) has no examples in use: each of its 2 has an empty side; give test '
+                     r'pairs with both sides\.'):
     _build(config)
   _write(tmp_path / 'test.de', [])
   _write(tmp_path / 'test.en', [])
@@ -364,6 +364,8 @@ def test_files_long_lines_are_truncated_or_skipped_and_counted(tmp_path, caplog,
   with caplog.at_level(logging.WARNING):
     dataset = _build(config)
   assert dataset.num_long['train'] == 2
+  # Test pairs are all evaluated: 'Guten Morgen' (12 bytes) is truncated, never skipped.
+  assert dataset.local_num_test_examples == 2 and dataset.num_long['test'] == 1
   action = 'Truncated' if long_examples == 'truncate' else 'Skipped'
   assert f'{action} 2 of 3 examples' in caplog.text and 'longer than 10 tokens' in caplog.text
   decode = dataset.tokenizer.decode

@@ -61,8 +61,8 @@ class TextDataset:
                         f'{len(source.test.sources):,} test pairs'):
       self._train = packing.Examples(source.train, tokenizer, self.max_length,
                                      config.long_examples)
-      self._test = packing.Examples(source.test, tokenizer, self.eval_max_length,
-                                    config.long_examples)
+      # Every test pair is evaluated (BLEU over the whole split): long ones are truncated.
+      self._test = packing.Examples(source.test, tokenizer, self.eval_max_length, 'truncate')
     self._max_local_test_examples = source.test.max_local_examples
     self.num_train_examples = source.train.num_examples
     self.num_test_examples = source.test.num_examples
@@ -197,9 +197,8 @@ def build(config, workdir: str | None = None, process_index: int | None = None,
         f'max_length={config.max_length} (long_examples={config.long_examples!r}).')
   if not dataset.local_num_test_examples and process_count == 1:
     # Every run evaluates at its end: a split with nothing to evaluate stops it now.
-    why = (f'of its {len(source.test.sources)}, {dataset.num_empty["test"]} have an empty side '
-           f'and {dataset.num_long["test"]} are over max_length={config.max_length} '
-           f'(long_examples={config.long_examples!r})' if source.test.sources else 'it is empty')
+    why = (f'each of its {len(source.test.sources)} has an empty side' if source.test.sources
+           else 'it is empty')
     raise errors.ConfigError(f'The test split {source.test.name} has no examples in use: {why}; '
                              'give test pairs with both sides.')
   logging.info('%r', dataset)

@@ -42,7 +42,8 @@ def default_config() -> ml_collections.ConfigDict:
   config.max_length = 64  # Train tokens per row and side, EOS included.
   # Eval tokens per row and side, EOS included; None: max_length.
   config.eval_max_length = config_dict.placeholder(int)
-  config.long_examples = 'truncate'  # Longer examples: 'truncate' (keep the start) or 'skip'.
+  # Longer train examples: 'truncate' (keep the start) or 'skip'; test ones are truncated.
+  config.long_examples = 'truncate'
   config.pack = True  # Pack several train examples per row (adds segmentation and positions).
   config.shuffle_buffer = 0  # 0: reshuffle everything each epoch; 1: keep the order; N: tf-style.
   config.dates_train_size = 40_000  # dates: train examples (each a different date).
