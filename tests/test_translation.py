@@ -57,6 +57,12 @@ def test_dates_train_evaluate_and_translate(tmp_path, capsys):
   inputs.write_bytes('\ufeffle 3 mars 1979\r\n  le 3 mars 1979 \n'.encode('utf-8'))
   assert main.run(tiny_config(trainer='translate', input_file=str(inputs)),
                   workdir) == [outputs[0]] * 2
+  inputs.write_text('le 3 mars 1979\n' + 'x' * 50 + '\n')  # Over max_length=40 tokens.
+  capsys.readouterr()
+  outputs = main.run(tiny_config(trainer='translate', input_file=str(inputs)), workdir)
+  captured = capsys.readouterr()
+  assert captured.out.splitlines() == outputs  # Translations only: the note is on stderr.
+  assert 'Note: 1 line(s) (line 2) have more than 39 tokens: only their start' in captured.err
   with pytest.raises(errors.MissingFileError, match=r"config\.input_file: file '\S+' does not"):
     main.run(tiny_config(trainer='translate', input_file=str(tmp_path / 'missing.txt')), workdir)
 

@@ -29,6 +29,12 @@ def log(message: str):
     print(message, flush=True)
 
 
+def note(message: str):
+  """Prints `message` on process 0's stderr: for modes whose stdout is their output."""
+  if jax.process_index() == 0:
+    print(message, file=sys.stderr, flush=True)
+
+
 class Phase:
   """A piece of work that may take long: says so when it does, how far it is, and when it ends.
 

@@ -71,7 +71,15 @@ class Translator:
     return np.concatenate(sources), np.concatenate(outputs)
 
   def translate(self, lines: list[str]) -> list[str]:
-    """One translation per line; an empty line gives an empty one."""
+    """One translation per line; an empty line gives an empty one. Lines longer than the
+    source length are cut to it, said in a line."""
+    long = [number for number, line in enumerate(lines, 1)
+            if len(self.tokenizer.encode(line)) >= self.max_length]
+    if long:
+      progress.note(f'Note: {len(long)} line(s) (line {", ".join(map(str, long[:5]))}'
+                   f'{", ..." if len(long) > 5 else ""}) have more than {self.max_length - 1} '
+                   'tokens: only their start is translated. --config.data.eval_max_length '
+                   'raises the limit.')
     sentences = [line for line in lines if line]
     if not sentences:
       return ['' for _ in lines]
