@@ -100,6 +100,9 @@ def test_cli_errors(tmp_path, capsys):
   cases = [([str(orbax_dir), str(tmp_path / 'x.npz')], 'not a vit_jax workdir'),
            ([str(npz), str(orbax_dir)], 'already exists; pass --overwrite'),
            ([str(npz), str(tmp_path / 'x.pt')], 'extension'),
+           ([str(tmp_path / 'x.pth'), str(npz)], "x.pth is a PyTorch pickle; save its state dict "
+                                                 'as .safetensors first: python -c'),
+           ([str(tmp_path / 'missing'), str(tmp_path / 'x.npz')], 'missing does not exist.'),
            ([str(timm_file), str(tmp_path / 'y.npz')], '--model'),
            ([str(npz), str(tmp_path / 'z.npz'), '--model', 'DeiT-testing'],
             'not a DeiT-testing checkpoint')]

@@ -30,8 +30,11 @@ def read_weights(path: str, role: str = 'config.pretrained', fall_back: bool = F
     return checkpointing.restore_params(path, fall_back)[0]
   if path.endswith('.npz') or files.is_remote(path):
     return weights.load_npz(path)
+  hint = (f' Convert a timm file first: python -m vit_jax.convert {path} '
+          f'{path.removesuffix(".safetensors")}.npz --model NAME.'
+          if path.endswith('.safetensors') else '')
   raise errors.ConfigError(f'Cannot load weights from {role}={path!r}: expected a .npz '
-                           'checkpoint or the workdir of a vit_jax run.')
+                           f'checkpoint or the workdir of a vit_jax run.{hint}')
 
 
 def load_weights(path: str, init_params: Any, reinit_head: bool = False,

@@ -33,6 +33,18 @@ def file_format(path: str) -> str:
   return FORMATS[extension]
 
 
+def source_format(path: str) -> str:
+  """`file_format` of a file to read; a PyTorch pickle is refused with what to do."""
+  if os.path.splitext(path)[1].lower() in ('.pth', '.pt', '.bin'):  # torch is no dependency.
+    raise errors.ConfigError(
+        f'{path} is a PyTorch pickle; save its state dict as .safetensors first: python -c '
+        '"import torch, safetensors.torch as s; '
+        f"s.save_file(torch.load('{path}', map_location='cpu'), "
+        f"'{os.path.splitext(path)[0]}.safetensors')\" (a checkpoint holding more than the state "
+        "dict: take its ['model']).")
+  return file_format(path)
+
+
 def read_published(path: str, *, model: str | None = None, fall_back: bool = False,
                    ema: bool = False) -> FlatParams:
   """Any supported file -> flat params in the published layout (canonical names).
@@ -40,7 +52,7 @@ def read_published(path: str, *, model: str | None = None, fall_back: bool = Fal
   `fall_back`: a workdir's newest readable checkpoint when its latest cannot be read;
   `ema`: a workdir's EMA weights.
   """
-  kind = file_format(path)
+  kind = source_format(path)
   if ema and kind != 'orbax':
     raise errors.ConfigError(f'{path} is a .{kind} file, which holds one set of weights: EMA '
                              'weights are read from the workdir of a run with '
@@ -94,7 +106,7 @@ def convert_file(src: str, dst: str, *, model: str | None = None,
   `ema`: SRC is a workdir whose EMA weights are converted.
   """
   dst_format = file_format(dst)
-  file_format(src)
+  source_format(src)
   if files.exists(dst) and not overwrite:
     raise FileExistsError(f'{dst} already exists; pass --overwrite to replace it.')
   flat = read_published(src, model=model, fall_back=fall_back, ema=ema)
@@ -111,7 +123,7 @@ def convert_file(src: str, dst: str, *, model: str | None = None,
 def print_names(path: str, out=None, fall_back: bool = False) -> None:
   """Lists the arrays of a checkpoint file as stored: name, shape, dtype."""
   out = out or sys.stdout
-  kind = file_format(path)
+  kind = source_format(path)
   if kind == 'npz':
     arrays = flatten_params(load_npz(path))
   elif kind == 'orbax':

@@ -110,6 +110,8 @@ def read_orbax(path: str, fall_back: bool = False, ema: bool = False) -> dict:
   with `ema`, its EMA weights are read (a run trained with config.ema_decay > 0).
   """
   from vit_jax.train import checkpointing  # pylint: disable=g-import-not-at-top
+  if not os.path.exists(path):
+    raise errors.MissingFileError(f'{path} does not exist.')
   if not os.path.isdir(os.path.join(path, 'checkpoints')):
     raise errors.ConfigError(f'{path} is not a vit_jax workdir: it has no checkpoints/ directory.')
   return checkpointing.restore_params(path, fall_back, ema)[0]
