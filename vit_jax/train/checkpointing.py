@@ -375,7 +375,6 @@ class Checkpointer:
         if latest_asked and candidate == steps[0] and self._rotated_away(candidate):
           # A run training in this workdir removed it (keeping its newest) as it was read:
           # the newest checkpoint now is a later one.
-          self._manager.reload()
           return self._first_readable(read, None, fall_back, move_aside)
         problem = f'step {candidate}: {orbax_errors.why(error)}'
         if move_aside:

@@ -72,7 +72,7 @@ class Task(Protocol):
 
 
 class TrainingDiverged(errors.UserError, RuntimeError):
-  """The loss became NaN or infinite: the settings' to change, said in one line."""
+  """The loss became NaN or infinite; the message names the settings to change."""
 
 
 def _init_state(task: Task, tx: optax.GradientTransformation, rng: jax.Array,
