@@ -268,3 +268,10 @@ def test_ema_of_a_run_without_one_and_a_npz_without_model_are_one_line(sources, 
   line = _cli_error(capsys, [sources['npz'][0], str(out), '--format', 'stablehlo'])
   assert 'give --model' in line
   assert not out.exists()
+
+
+def test_an_image_size_off_the_patch_grid_is_one_line(sources, tmp_path, capsys):
+  line = _cli_error(capsys, [sources['npz'][0], str(tmp_path / 'out'), '--format', 'stablehlo',
+                             '--model', 'ViT-testing', '--image-size', '10'])
+  assert line == ("error: --image-size=10 is not a multiple of 4, the ViT-testing's patch size "
+                  "(times its stem's stride); give a multiple of 4, e.g. 8.")

@@ -5,6 +5,7 @@ dtype) and fits the weights to it; `serving_function` is what every format expor
 """
 
 import dataclasses
+import math
 
 import flax.linen as nn
 import jax
@@ -72,6 +73,11 @@ def _fit(model_name: str, fields: dict, flat: dict, source: str, image_size: int
                                'size from: give --image-size.')
   if image_size < 1:
     raise errors.ConfigError(f'--image-size={image_size} must be at least 1.')
+  step = math.lcm(*model.patch_size) * stem_stride(model.resnet_layers)  # Images are square.
+  if image_size % step:
+    raise errors.ConfigError(f'--image-size={image_size} is not a multiple of {step}, the '
+                             f"{model_name}'s patch size (times its stem's stride); give a "
+                             f'multiple of {step}, e.g. {max(step, image_size // step * step)}.')
   init = jax.eval_shape(lambda: model.init(
       jax.random.PRNGKey(0), jnp.zeros((1, image_size, image_size, channels))))
   return model, weights.load_pretrained(flat, init['params'], source_name=source), image_size
