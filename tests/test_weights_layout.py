@@ -32,6 +32,11 @@ VARIANTS = {
     'stacked': ('ViT-testing', _stacked, 'Transformer/encoderblock/LayerNorm_2/scale'),
     'stacked_per_type_numbering': ('ViT-testing', lambda f: _per_type_numbering(_stacked(f)),
                                    'Transformer/encoderblock/LayerNorm_1/scale'),
+    # flax.optim's checkpoints: the params under 'opt/target/', beside the optimizer's state.
+    'optimizer_target': ('ViT-testing', lambda f: {
+        **{f'opt/target/{n}': v for n, v in f.items()},
+        'opt/state/step': np.array(7), 'opt/state/param_states/cls/grad_ema': f['cls']},
+                         'opt/target/Transformer/encoderblock_0/LayerNorm_0/scale'),
 }
 
 

@@ -126,6 +126,9 @@ def _is_groupnorm_param(name: str) -> bool:
           and bool(_GROUPNORM_SEGMENT.fullmatch(segments[-2])))
 
 
+_OPTIMIZER_TARGET = 'opt/target/'  # flax.optim's checkpoints: the params under the optimizer.
+
+
 def canonicalize(params: Mapping[str, Any]) -> FlatParams:
   """Any accepted checkpoint layout -> flat float32 arrays under the published names.
 
@@ -133,11 +136,17 @@ def canonicalize(params: Mapping[str, Any]) -> FlatParams:
   numbered block modules (`MultiHeadDotProductAttention_0`, `LayerNorm_1`,
   `MlpBlock_0`) to the published ones, and reshapes (1, 1, 1, C) GroupNorm
   scale/bias to (C,). `params` may be nested or already flat ('/'-joined keys),
-  and wrapped as {'params': ...}.
+  and wrapped as {'params': ...} (big_vision) or as `flax.optim`'s
+  {'opt': {'target': ..., 'state': ...}} (some published files: the optimizer state is
+  left out).
   """
   if set(params) == {'params'} and isinstance(params['params'], Mapping):
     params = params['params']
-  flat = {name: as_float32(name, value) for name, value in flatten_params(params).items()}
+  flat = flatten_params(params)
+  if any(name.startswith(_OPTIMIZER_TARGET) for name in flat):
+    flat = {name.removeprefix(_OPTIMIZER_TARGET): value for name, value in flat.items()
+            if name.startswith(_OPTIMIZER_TARGET)}
+  flat = {name: as_float32(name, value) for name, value in flat.items()}
   out: FlatParams = {}
   renamed_from: dict[str, str] = {}
   for name, value in unstack_blocks(flat).items():
