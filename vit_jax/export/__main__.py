@@ -12,9 +12,11 @@ from vit_jax.export.source import DTYPES
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
       prog='python -m vit_jax.export',
-      description='Export a classifier (a workdir or a published .npz) for serving: StableHLO, '
-                  'a TensorFlow SavedModel or ONNX, in the directory OUT with metadata.json.')
-  parser.add_argument('source', help='a classification workdir or a published-layout .npz')
+      description='Export a classifier (a workdir or a published .npz) or a translation '
+                  "workdir's greedy translation for serving: StableHLO, a TensorFlow "
+                  'SavedModel or ONNX, in the directory OUT with metadata.json.')
+  parser.add_argument('source', help='a classification or translation workdir, or a '
+                      'published-layout .npz')
   parser.add_argument('out', help='the directory to write')
   parser.add_argument('--format', dest='export_format', required=True, metavar='FORMAT',
                       help=f'one of {", ".join(FORMATS)}')
@@ -29,7 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       'pipeline does (default: float32 model inputs in [-1, 1])')
   parser.add_argument('--image-size', type=int, help="the model's input size (default: the "
                       "workdir's config, or the .npz's position embedding)")
-  parser.add_argument('--overwrite', action='store_true', help='replace an existing OUT')
+  parser.add_argument('--overwrite', action='store_true',
+                      help='replace an earlier export at OUT (nothing else)')
   args = parser.parse_args(argv)
   try:
     export(args.source, args.out, args.export_format, model_name=args.model, ema=args.ema,
