@@ -25,7 +25,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       'directory for orbax)')
   parser.add_argument('--model', help='registry model name, e.g. ViT-B_16; needed to read '
                       'a timm file, and checks the converted parameters when given')
-  parser.add_argument('--overwrite', action='store_true', help='replace an existing DST')
+  parser.add_argument('--overwrite', action='store_true',
+                      help='replace an existing DST file, or a directory that convert wrote')
   parser.add_argument('--print', dest='print_names', action='store_true',
                       help='list the names and shapes of the arrays in SRC and exit')
   parser.add_argument('--checkpoint-fallback', action='store_true',
