@@ -15,7 +15,7 @@ from helpers import REPO, override, user_error
 
 from vit_jax import export, main, models, weights
 from vit_jax.export import __main__ as cli
-from vit_jax.train import checkpointing, config as config_lib, prediction
+from vit_jax.train import config as config_lib, prediction, run_config
 
 # Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
 pytestmark = pytest.mark.xdist_group('export')
@@ -146,7 +146,7 @@ def test_preprocessing_artifacts_equal_predict_on_uint8_images(sources, image_fi
   if export_format == 'onnx':
     pytest.importorskip('jax2onnx')
   workdir, model, params, _ = sources['ViT-testing']
-  config = checkpointing.load_config(workdir)
+  config = run_config.load_config(workdir)
   _, want = prediction.predict_files(model, params, image_files, config.data, batch_size=1)
   out = str(tmp_path / 'out')
   export.export(workdir, out, export_format, preprocess=True)
@@ -166,7 +166,7 @@ def test_the_command_line_writes_a_preprocessing_savedmodel(sources, image_files
                           cwd=REPO, capture_output=True, text=True, check=False)
   assert result.returncode == 0, result.stdout + result.stderr
   assert f'Wrote {out}' in result.stdout
-  config = checkpointing.load_config(workdir)
+  config = run_config.load_config(workdir)
   _, want = prediction.predict_files(model, params, image_files, config.data, batch_size=1)
   for path, expected in zip(image_files, want):
     got = _run(out, 'savedmodel', np.asarray(Image.open(path))[None])['probabilities'][0]
@@ -194,7 +194,7 @@ def test_a_workdir_without_a_checkpoint_is_one_line_and_writes_nothing(sources, 
                                                                        capsys):
   workdir = tmp_path / 'untrained'
   workdir.mkdir()
-  shutil.copy(checkpointing.config_path(sources['ViT-testing'][0]), workdir / 'config.json')
+  shutil.copy(run_config.config_path(sources['ViT-testing'][0]), workdir / 'config.json')
   out = tmp_path / 'out'
   line = _cli_error(capsys, [str(workdir), str(out), '--format', 'stablehlo'])
   assert 'No checkpoint in' in line and 'train first' in line

@@ -18,7 +18,7 @@ from helpers import assert_resumed_run_repeats, override, process_after, read_me
 from vit_jax import errors, main, models, runtime, weights
 from vit_jax.train import checkpointing, classification
 from vit_jax.train import config as config_lib
-from vit_jax.train import loop, optim
+from vit_jax.train import divergence, loop, optim
 from vit_jax.train import mesh as mesh_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,7 +85,7 @@ def test_nan_loss_stops_and_names_the_step(tmp_path):
   config = tiny_config(**{'optimizer.learning_rate': 1e38, 'optimizer.grad_clip_norm': 0.0,
                           'optimizer.name': 'sgd', 'optimizer.warmup_steps': 0,
                           'checkpoint_every': 5, 'log_every': 5})
-  with pytest.raises(loop.TrainingDiverged, match=r'at step \d+; training stopped\. (The last '
+  with pytest.raises(divergence.TrainingDiverged, match=r'at step \d+; training stopped\. (The last '
                      r'checkpoint with finite weights is step \d+ in \S+|No checkpoint was '
                      r'written yet)\. Lower '
                      r'--config\.optimizer\.learning_rate \(now 1e\+38\), or clip gradients '

@@ -67,15 +67,15 @@ def _task(config, workdir: str):
 
 def _train(config, workdir: str):
   # pylint: disable=g-import-not-at-top
-  from vit_jax.train import checkpointing, loop, workdir_lock
-  checkpointing.check_task(workdir, config.task)
+  from vit_jax.train import loop, run_config, workdir_lock
+  run_config.check_task(workdir, config.task)
   with workdir_lock.held(workdir):
     return loop.train(config, workdir, _task(config, workdir))
 
 
 def _evaluate(config, workdir: str):
-  from vit_jax.train import checkpointing, loop  # pylint: disable=g-import-not-at-top
-  checkpointing.check_task(workdir, config.task)
+  from vit_jax.train import checkpointing, loop, run_config  # pylint: disable=g-import-not-at-top
+  run_config.check_task(workdir, config.task)
   checkpointing.require_checkpoint(workdir)  # Before the task writes its files there.
   return loop.evaluate(config, workdir, _task(config, workdir))
 

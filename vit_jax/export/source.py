@@ -16,7 +16,7 @@ from vit_jax import errors, files, models, weights
 from vit_jax.data import class_names as class_names_lib
 from vit_jax.export import preprocessing
 from vit_jax.models.vit import stem_stride
-from vit_jax.train import checkpointing
+from vit_jax.train import checkpointing, run_config
 
 DTYPES = ('float32', 'bfloat16')
 # Portable model settings: attention as einsums and a softmax, blocks as separate layers.
@@ -85,8 +85,8 @@ def _fit(model_name: str, fields: dict, flat: dict, source: str, image_size: int
 
 def _from_workdir(workdir: str, model_name: str | None, ema: bool, image_size: int | None,
                   dtype: str) -> Exportable:
-  checkpointing.check_task(workdir, 'classification', 'SOURCE')
-  config = checkpointing.load_config(workdir)
+  run_config.check_task(workdir, 'classification', 'SOURCE')
+  config = run_config.load_config(workdir)
   if model_name is not None and model_name != config.model.name:
     raise errors.ConfigError(f'--model={model_name} names the model of a .npz SOURCE; the '
                              f'workdir {workdir} holds a {config.model.name}: leave --model out.')

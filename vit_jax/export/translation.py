@@ -17,23 +17,23 @@ import vit_jax
 from vit_jax import decode, errors, files
 from vit_jax.data import tokenizers, vocabulary
 from vit_jax.export import savedmodel, stablehlo
-from vit_jax.train import checkpointing, config as config_lib
+from vit_jax.train import checkpointing, config as config_lib, run_config
 
 FORMATS = ('stablehlo', 'savedmodel')
 
 
 def is_translation_workdir(source: str) -> bool:
-  path = checkpointing.config_path(source)
+  path = run_config.config_path(source)
   if not (os.path.isdir(source) and files.exists(path)):
     return False
-  return checkpointing.load_config(source).task == 'translation'
+  return run_config.load_config(source).task == 'translation'
 
 
 class Translation:
   """A translation workdir's model, weights, tokenizer and lengths, ready to export."""
 
   def __init__(self, workdir: str, ema: bool, dtype: str):
-    config = checkpointing.load_config(workdir)
+    config = run_config.load_config(workdir)
     self.config = config
     self.tokenizer = vocabulary.load_tokenizer(config.data, workdir)
     self.tokenizer_path = tokenizers.vocabulary_path(config.data.tokenizer, workdir)

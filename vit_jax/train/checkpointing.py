@@ -1,4 +1,5 @@
-"""Orbax checkpoints of the training state in WORKDIR/checkpoints, config beside them.
+"""Orbax checkpoints of the training state in WORKDIR/checkpoints (the config beside them:
+`run_config`).
 
 Saves are atomic (orbax writes to a temporary directory and renames it), so a
 run killed at any moment resumes from the last completed save; each save is verified
@@ -14,7 +15,6 @@ and each completed save is uploaded (`checkpoint_mirror`).
 """
 
 import errno
-import json
 import math
 import os
 import shutil
@@ -22,7 +22,6 @@ import time
 from typing import Any
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
 
@@ -53,48 +52,6 @@ def _megabytes(num_bytes: float) -> str:
   if num_bytes < 2**20:
     return f'{num_bytes / 2**10:,.0f} KB'
   return f'{num_bytes / 2**20:,.1f} MB'
-
-
-def config_path(workdir: str) -> str:
-  return files.join(workdir, 'config.json')
-
-
-def save_config(workdir: str, config: ml_collections.ConfigDict):
-  """Writes the run's config as WORKDIR/config.json (process 0)."""
-  if jax.process_index() != 0:
-    return
-  files.makedirs(workdir)
-  files.write_text_atomically(config_path(workdir), config.to_json_best_effort(indent=2))
-
-
-def load_config(workdir: str) -> ml_collections.ConfigDict:
-  """WORKDIR/config.json, on this version's defaults (`config.from_saved`)."""
-  from vit_jax.train import config as config_lib  # pylint: disable=g-import-not-at-top
-  path = config_path(workdir)
-  if not files.exists(path):
-    raise errors.MissingFileError(f'No config.json in {workdir}: is it the workdir of a vit_jax '
-                                  'run?')
-  try:
-    saved = json.loads(files.read_text(path))
-  except json.JSONDecodeError as e:
-    raise errors.BadFileError(f'{path} is not valid JSON ({e}); it is not the config of a '
-                              'vit_jax run, or it was cut short.') from None
-  return config_lib.from_saved(saved, path)
-
-
-def check_task(workdir: str, task: str, role: str = '--workdir'):
-  """Raises unless `workdir` is new or holds a run of `task` (per its config.json)."""
-  path = config_path(workdir)
-  if not files.exists(path):
-    return
-  try:
-    saved_task = json.loads(files.read_text(path)).get('task')
-  except (json.JSONDecodeError, AttributeError):
-    return  # load_config says what is wrong with the file, if it is read.
-  if saved_task != task:
-    raise errors.ConfigError(
-        f'{role}={workdir} holds a {saved_task} run (its config.json), not a {task} one; '
-        f'use another directory for this {task} config.')
 
 
 def require_checkpoint(workdir: str):

@@ -11,7 +11,7 @@ import ml_collections
 
 from vit_jax import errors, evaluation, files, progress, weights
 from vit_jax.data import class_names, images
-from vit_jax.train import checkpointing, config as config_lib, losses, task
+from vit_jax.train import checkpointing, config as config_lib, losses, run_config, task
 from vit_jax.train.losses import cross_entropy
 
 DISTILLATIONS = ('none', 'hard', 'soft')
@@ -26,7 +26,7 @@ def read_weights(path: str, role: str = 'config.pretrained', fall_back: bool = F
   takes a workdir's newest readable checkpoint when its latest cannot be read.
   """
   if files.isdir(path):
-    checkpointing.check_task(path, 'classification', role)
+    run_config.check_task(path, 'classification', role)
     return checkpointing.restore_params(path, fall_back)[0]
   if path.endswith('.npz') or files.is_remote(path):
     return weights.load_npz(path)
@@ -79,8 +79,8 @@ class ClassificationTask(task.BatchedTask):
 
   def _load_teacher(self, path: str):
     if files.isdir(path):
-      checkpointing.check_task(path, 'classification', 'config.teacher')
-      teacher_config = checkpointing.load_config(path)
+      run_config.check_task(path, 'classification', 'config.teacher')
+      teacher_config = run_config.load_config(path)
       model_config = teacher_config.model
     else:
       if not self.config.get('teacher_model'):

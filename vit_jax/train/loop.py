@@ -20,8 +20,9 @@ import optax
 
 from vit_jax import errors, progress
 from vit_jax.models import partitioning
-from vit_jax.train import checkpointing, config as config_lib, mesh as mesh_lib
-from vit_jax.train import distributed, ema as ema_lib, eval_loop, metrics as metrics_lib
+from vit_jax.train import checkpointing, config as config_lib, mesh as mesh_lib, run_config
+from vit_jax.train import distributed, divergence, ema as ema_lib, eval_loop
+from vit_jax.train import metrics as metrics_lib
 from vit_jax.train import optim, preemption
 
 # {'step', 'params', 'opt_state', 'rng'}, and 'ema_params' (an average of 'params') with
@@ -69,10 +70,6 @@ class Task(Protocol):
 
   def num_eval_batches(self) -> int:
     """How many batches `eval_batches` yields (the same on every process)."""
-
-
-class TrainingDiverged(errors.UserError, RuntimeError):
-  """The loss became NaN or infinite; the message names the settings to change."""
 
 
 def _init_state(task: Task, tx: optax.GradientTransformation, rng: jax.Array,
@@ -187,13 +184,6 @@ def _copy(tree, shardings):
   return jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=shardings)(tree)
 
 
-def _first_nonfinite(pending: list[tuple[int, dict]]) -> int | None:
-  for step, metrics in pending:
-    if not np.isfinite(metrics['loss']):
-      return step
-  return None
-
-
 def _mean_metrics(pending: list[tuple[int, dict]]) -> dict:
   return {k: float(np.mean([m[k] for _, m in pending])) for k in pending[0][1]}
 
@@ -245,7 +235,7 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
     state = jax.device_put(state, shardings)
   # Written once the checkpoint (if any) was read into this config's model: a config that
   # cannot resume the run leaves the config that wrote it in place.
-  checkpointing.save_config(workdir, config)
+  run_config.save_config(workdir, config)
   metrics_lib.keep_rows_until(workdir, start_step)  # The steps from here are logged again.
 
   frozen = task.frozen_params()  # A teacher's params (host): FSDP-split like the model's.
@@ -316,21 +306,7 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
     do_save = is_last or (config.checkpoint_every and step % config.checkpoint_every == 0)
     if do_eval or do_save or step % config.log_every == 0:
       pending = jax.device_get(pending)
-      bad_step = _first_nonfinite(pending)
-      if bad_step is not None:
-        checkpointer.finish()
-        last_good = checkpointer.latest_step()
-        change = (f'Lower --config.optimizer.learning_rate (now {config.optimizer.learning_rate:g}'
-                  f'), or clip gradients harder with --config.optimizer.grad_clip_norm (now '
-                  f'{config.optimizer.grad_clip_norm:g}; 0 is off)')
-        resume = (f'The last checkpoint with finite weights is step {last_good} in '
-                  f'{checkpointer.directory}. {change}, then rerun to resume from it (or use a '
-                  'new --workdir if its loss was already far off).' if last_good is not None else
-                  f'No checkpoint was written yet. {change}, then rerun to start again from '
-                  'step 0.')
-        raise TrainingDiverged(
-            f'The loss became {pending[bad_step - pending[0][0]][1]["loss"]} at step '
-            f'{bad_step}; training stopped. {resume}')
+      divergence.check(pending, config.optimizer, checkpointer)
       train_metrics = _mean_metrics(pending)
       stats = timer.report(step)
       writer.write(step, 'train', {**train_metrics, **stats})

@@ -173,12 +173,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | None) -> list[dict]:
   Each result is {'file', 'predictions': [{'class', 'name', 'probability'}, ...]}; with
   `config.predict.output_file` they are also written there, one JSON object per line.
   """
-  settings = config.predict
-  if settings.top_k < 1:
-    raise errors.ConfigError(f'config.predict.top_k={settings.top_k} must be at least 1.')
-  if settings.batch_size < 1:
-    raise errors.ConfigError(f'config.predict.batch_size={settings.batch_size} must be at '
-                             'least 1.')
+  settings = config.predict  # Its ranges are checked with the config's (config.MINIMUMS).
   paths = expand_inputs(settings.inputs)
   model, params, source = load_model_and_params(config, workdir)
   names = class_names(config, workdir, model.num_classes)

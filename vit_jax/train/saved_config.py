@@ -9,12 +9,12 @@ import sys
 import ml_collections
 
 from vit_jax import files
-from vit_jax.train import checkpointing, flag_errors
+from vit_jax.train import flag_errors, run_config
 
 
 def get_config() -> ml_collections.ConfigDict:
   """WORKDIR/config.json, or an empty config (task '') that main rejects with a hint."""
   workdir = flag_errors.flag_value(sys.argv, 'workdir')
-  if workdir is None or not files.exists(checkpointing.config_path(workdir)):
+  if workdir is None or not files.exists(run_config.config_path(workdir)):
     return ml_collections.ConfigDict({'task': '', 'trainer': ''})
-  return checkpointing.load_config(workdir)
+  return run_config.load_config(workdir)
