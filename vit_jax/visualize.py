@@ -321,6 +321,20 @@ def token_labels(tokenizer, ids: Sequence[int], eos_id: int = 1) -> list[str]:
   return labels
 
 
+def metric_rows(lines) -> list[dict]:
+  """The rows ({'step', 'split', ...}) of metrics.jsonl's lines, in order, without a line cut
+  short (a killed process, a full disk) that does not parse."""
+  rows = []
+  for line in lines:
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError:
+      continue
+    if isinstance(row, dict) and 'step' in row and 'split' in row:
+      rows.append(row)
+  return rows
+
+
 def read_metrics(path: str) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
   """WORKDIR/metrics.jsonl (or the workdir) -> {split: {metric: (steps, values)}}."""
   if os.path.isdir(path):
@@ -330,13 +344,8 @@ def read_metrics(path: str) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]
                                   'has logged at least once.')
   records = {}  # (split, step) -> the last row logged for it (a resumed run logs it again).
   with open(path) as f:
-    for line in f:
-      try:
-        record = json.loads(line)
-      except json.JSONDecodeError:
-        continue  # Empty, or cut short by a killed process.
-      if isinstance(record, dict) and 'step' in record and 'split' in record:
-        records[record.pop('split'), record.pop('step')] = record
+    for record in metric_rows(f):
+      records[record.pop('split'), record.pop('step')] = record
   series: dict[str, dict[str, list[tuple[int, float]]]] = {}
   for (split, step), record in sorted(records.items(), key=lambda item: item[0][1]):
     for name, value in record.items():

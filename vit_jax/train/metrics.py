@@ -9,7 +9,7 @@ import jax
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer import record_writer
 
-from vit_jax import files, runtime
+from vit_jax import files, runtime, visualize
 from vit_jax.progress import format_duration
 
 
@@ -63,26 +63,12 @@ class MetricWriter:
       self._events.close()
 
 
-def _parsed(lines) -> list[dict]:
-  """The rows of metrics.jsonl's lines, without a line cut short (a killed process, a full
-  disk) that does not parse."""
-  rows = []
-  for line in lines:
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError:
-      continue
-    if isinstance(row, dict) and 'step' in row and 'split' in row:
-      rows.append(row)
-  return rows
-
-
 def read_rows(workdir: str) -> list[dict]:
   """The objects of WORKDIR/metrics.jsonl, in order; [] when there is none."""
   path = files.join(workdir, 'metrics.jsonl')
   if not files.exists(path):
     return []
-  return _parsed(files.read_text(path).splitlines())
+  return visualize.metric_rows(files.read_text(path).splitlines())
 
 
 def keep_rows_until(workdir: str, step: int):
@@ -92,7 +78,7 @@ def keep_rows_until(workdir: str, step: int):
   if jax.process_index() != 0 or not files.exists(path):
     return
   lines = files.read_text(path).splitlines()
-  rows = [row for row in _parsed(lines) if row['step'] <= step]
+  rows = [row for row in visualize.metric_rows(lines) if row['step'] <= step]
   if len(rows) != len(lines):
     files.write_text_atomically(path, ''.join(json.dumps(row) + '\n' for row in rows))
 

@@ -129,7 +129,7 @@ def predict_files(model, params, paths: list[str], data_config,
   """(the paths predicted, their class probabilities (N, num_classes)), in fixed-size batches.
 
   A file that cannot be read as an image (truncated, empty, not an image) is left out, said
-  in one line; MissingFileError when none can be read.
+  in one line; BadFileError when none can be read.
   """
   apply = jax.jit(lambda p, x: jax.nn.softmax(model.apply({'params': p}, x), axis=-1))
   predicted, probabilities = [], []
@@ -153,10 +153,6 @@ def predict_files(model, params, paths: list[str], data_config,
 
 def _read_images(paths: list[str], data_config) -> tuple[list[str], np.ndarray | None]:
   """(the readable ones of `paths`, their model inputs); each unreadable one said in a line."""
-  try:
-    return paths, image_data.load_files(paths, data_config)
-  except errors.BadFileError:
-    pass
   readable, images = [], []
   for path in paths:
     try:
