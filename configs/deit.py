@@ -3,10 +3,12 @@
 python -m vit_jax.main --config=configs/deit.py:DeiT-S_16,cifar10 --workdir=runs/deit \
     --config.teacher=runs/teacher --config.distillation=hard
 The argument is MODEL,DATASET. Defaults follow the DeiT recipe: AdamW, cosine decay,
-label smoothing, drop-path, RandAugment and mixup (CutMix is not implemented); the
+label smoothing, drop-path, RandAugment, mixup and CutMix (half the batches each), and inputs
+normalized with ImageNet's pixel mean and std, as Facebook's DeiT weights expect; the
 distillation token's share of the loss is 0.5 (config.distillation_weight).
 """
 
+from vit_jax.data import normalization
 from vit_jax.train.config import classification_config, model_and_dataset
 
 
@@ -21,6 +23,9 @@ def get_config(arg: str = 'DeiT-S_16,cifar10'):
   config.data.randaugment_layers = 2
   config.data.randaugment_magnitude = 9.0
   config.data.mixup_alpha = 0.8
+  config.data.cutmix_alpha = 1.0
+  config.data.pixel_mean = normalization.IMAGENET_MEAN
+  config.data.pixel_std = normalization.IMAGENET_STD
   config.batch_size = 1024
   config.eval_batch_size = 1024
   config.total_steps = 100_000

@@ -10,7 +10,7 @@ import pytest
 from helpers import digits_config, override, read_metrics
 
 from vit_jax import errors, main, models, weights
-from vit_jax.data import images
+from vit_jax.data import images, normalization
 from vit_jax.train import classification, config as config_lib, losses
 
 # Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
@@ -144,6 +144,38 @@ def test_soft_distillation_from_a_hybrid_teacher_in_a_published_npz(always_3, tm
   rows = read_metrics(str(tmp_path / 'b'), 'train')
   assert rows[-1]['dist_loss'] < rows[0]['dist_loss'] - 0.5  # It learns the teacher's 3.
   assert rows[-1]['dist_loss'] < rows[-1]['class_loss'] - 0.5
+
+
+def test_a_workdir_teacher_sees_the_batch_normalized_as_its_own_run_did(tmp_path):
+  # DeiT's student takes ImageNet's pixel statistics; a teacher fine-tuned from Google's weights
+  # took [-1, 1]. The teacher must see each batch in its own statistics.
+  model = models.get_model('ViT-testing', num_classes=10, patch_size=(4, 4))
+  params = jax.jit(model.init)(jax.random.PRNGKey(3), np.zeros((1, 8, 8, 3)))['params']
+  noise = np.random.default_rng(3)
+  params = jax.tree.map(lambda p: np.asarray(p) + 0.5 * noise.standard_normal(p.shape).astype(
+      p.dtype), params)  # An input-dependent teacher.
+  npz = str(tmp_path / 'teacher.npz')
+  weights.save_npz(npz, params)
+  teacher = str(tmp_path / 'teacher')
+  main.run(digits_config(pretrained=npz, total_steps=1, **{'optimizer.learning_rate': 0.0}),
+           teacher)
+  mean, std = np.array(normalization.IMAGENET_MEAN), np.array(normalization.IMAGENET_STD)
+  config = deit_config(distillation='soft', teacher=teacher,
+                       **{'data.pixel_mean': tuple(mean), 'data.pixel_std': tuple(std)})
+  task = classification.ClassificationTask(config, str(tmp_path / 'student'))
+  student = jax.jit(task.init_params)(jax.random.PRNGKey(0))
+  batch = next(task.train_batches(0))
+  rng = jax.random.PRNGKey(5)
+  _, metrics = task.loss(student, batch, rng, task.frozen_params())
+  _, logits_dist = task.model.apply({'params': student}, batch['image'], train=True,
+                                    rngs={'dropout': rng})
+  teacher_inputs = ((batch['image'] * std + mean) - 0.5) / 0.5  # The same pixels in [-1, 1].
+  assert teacher_inputs.min() == pytest.approx(-1, abs=1e-5)
+  def dist_loss(inputs):
+    logits = model.apply({'params': params}, inputs.astype(np.float32))
+    return float(losses.soft_distillation(logits_dist, logits, 1.0).mean())
+  np.testing.assert_allclose(metrics['dist_loss'], dist_loss(teacher_inputs), rtol=1e-4)
+  assert abs(dist_loss(batch['image']) - dist_loss(teacher_inputs)) > 1e-2
 
 
 @pytest.mark.parametrize('overrides, message', [

@@ -14,6 +14,7 @@ from PIL import Image
 from helpers import REPO, override, user_error
 
 from vit_jax import export, main, models, weights
+from vit_jax.data import normalization
 from vit_jax.export import __main__ as cli
 from vit_jax.train import config as config_lib, prediction, run_config
 
@@ -176,6 +177,72 @@ def test_the_command_line_writes_a_preprocessing_savedmodel(sources, image_files
   metadata = json.loads((tmp_path / 'saved' / 'metadata.json').read_text())
   assert metadata['inputs'][0] == {'name': 'images', 'dtype': 'uint8', 'shape': [1, 'h', 'w', 3],
                                    'range': '0..255, any height and width'}
+
+
+def test_a_workdir_trained_with_imagenet_statistics_exports_them(sources, image_files, tmp_path):
+  # DeiT's inputs: (pixels / 255 - ImageNet mean) / ImageNet std, as its run's config says.
+  workdir, model, params, _ = sources['ViT-testing']
+  imagenet = str(tmp_path / 'imagenet')
+  shutil.copytree(workdir, imagenet)
+  saved = json.loads(open(run_config.config_path(imagenet), encoding='utf-8').read())
+  saved['data'].update(pixel_mean=list(normalization.IMAGENET_MEAN),
+                       pixel_std=list(normalization.IMAGENET_STD))
+  with open(run_config.config_path(imagenet), 'w', encoding='utf-8') as f:
+    json.dump(saved, f)
+  out = str(tmp_path / 'out')
+  result = subprocess.run([sys.executable, '-m', 'vit_jax.export', imagenet, out, '--format',
+                           'stablehlo', '--preprocess'],
+                          cwd=REPO, capture_output=True, text=True, check=False)
+  assert result.returncode == 0, result.stdout + result.stderr
+  config = run_config.load_config(imagenet)
+  _, want = prediction.predict_files(model, params, image_files, config.data, batch_size=1)
+  _, unit_range = prediction.predict_files(model, params, image_files,
+                                           run_config.load_config(workdir).data, batch_size=1)
+  assert np.abs(want - unit_range).max() > 1e-3  # The statistics matter to this model.
+  for path, expected in zip(image_files, want):
+    got = _run(out, 'stablehlo', np.asarray(Image.open(path))[None])['probabilities'][0]
+    np.testing.assert_allclose(got, expected, atol=PREPROCESS_TOLERANCE)
+  metadata = json.loads((tmp_path / 'out' / 'metadata.json').read_text())
+  assert metadata['pixel_mean'] == list(normalization.IMAGENET_MEAN)
+  assert metadata['pixel_std'] == list(normalization.IMAGENET_STD)
+  line = _cli_subprocess_error([imagenet, str(tmp_path / 'again'), '--format', 'stablehlo',
+                                '--pixel-mean', '0.5'])
+  assert line == (f'error: --pixel-mean and --pixel-std describe a .npz SOURCE; the workdir '
+                  f'{imagenet} was trained with config.data.pixel_mean=(0.485, 0.456, 0.406) and '
+                  'pixel_std=(0.229, 0.224, 0.225) (its config.json), which the export takes: '
+                  'leave them out.')
+
+
+def _cli_subprocess_error(argv) -> str:
+  result = subprocess.run([sys.executable, '-m', 'vit_jax.export', *argv], cwd=REPO,
+                          capture_output=True, text=True, check=False)
+  assert result.returncode == 1, result.stdout + result.stderr
+  return user_error(result.stderr)
+
+
+def test_a_npz_takes_the_pixel_statistics_given_on_the_command_line(sources, tmp_path, capsys):
+  path, model, params, model_name = sources['npz']
+  out = str(tmp_path / 'out')
+  assert cli.main([path, out, '--format', 'stablehlo', '--model', model_name, '--pixel-mean',
+                   '0.485,0.456,0.406', '--pixel-std', '0.229,0.224,0.225']) == 0
+  metadata = json.loads((tmp_path / 'out' / 'metadata.json').read_text())
+  assert metadata['pixel_mean'] == [0.485, 0.456, 0.406]
+  assert metadata['inputs'][0]['range'] == '(pixels / 255 - pixel_mean) / pixel_std'
+  # The preprocessing artifact: uint8 pixels in, normalized with those statistics.
+  assert cli.main([path, str(tmp_path / 'pre'), '--format', 'stablehlo', '--model', model_name,
+                   '--preprocess', '--pixel-mean', '0.485,0.456,0.406', '--pixel-std',
+                   '0.229,0.224,0.225']) == 0
+  pixels = np.random.RandomState(3).randint(0, 256, (2, IMAGE_SIZE, IMAGE_SIZE, 3)).astype(
+      np.uint8)
+  inputs = (pixels / 255 - np.array(normalization.IMAGENET_MEAN)) / np.array(
+      normalization.IMAGENET_STD)
+  want = np.asarray(model.apply({'params': params}, inputs.astype(np.float32)))
+  got = _run(str(tmp_path / 'pre'), 'stablehlo', pixels)['logits']
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-4)
+  line = _cli_error(capsys, [path, str(tmp_path / 'bad'), '--format', 'stablehlo', '--model',
+                             model_name, '--pixel-std', '0.2,0.3'])
+  assert line == ('error: --pixel-std 0.2,0.3 has 2 values for 3 channels: give one per '
+                  'channel or one for all, e.g. --pixel-std 0.5,0.5,0.5.')
 
 
 def _cli_error(capsys, argv) -> str:

@@ -4,6 +4,7 @@ dataset built."""
 import json
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ from PIL import Image
 from helpers import override, user_error
 
 from vit_jax import errors, main, models, weights
-from vit_jax.data import class_names, images, sources
+from vit_jax.data import class_names, images, normalization, sources
 from vit_jax.train import checkpointing, config as config_lib, prediction
 
 # Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
@@ -203,3 +204,36 @@ def test_a_corrupt_class_names_file_is_one_line_and_training_writes_it_anew(tmp_
     class_names.load(str(tmp_path))
   class_names.save(str(tmp_path), ['cat', 'dog'])
   assert class_names.load(str(tmp_path)) == ('cat', 'dog')
+
+
+def test_a_run_trained_with_imagenet_statistics_predicts_with_them(digits_run, tmp_path,
+                                                                     capsys):
+  root, config = digits_run
+  workdir = tmp_path / 'imagenet'
+  shutil.copytree(root / 'run', workdir)
+  saved = json.loads((workdir / 'config.json').read_text())
+  saved['data'].update(pixel_mean=list(normalization.IMAGENET_MEAN),
+                       pixel_std=list(normalization.IMAGENET_STD))
+  (workdir / 'config.json').write_text(json.dumps(saved))
+  photo = _photos(tmp_path / 'photos', sizes=((8, 8),))[0]
+  out = run_main(f'--workdir={workdir}', '--config.trainer=predict',
+                 f'--config.predict.inputs={photo}', '--config.predict.top_k=10',
+                 f'--config.predict.output_file={tmp_path}/p.jsonl')
+  assert out.returncode == 0, out.stderr
+  assert 'note:' not in out.stderr
+  got = {p['class']: p['probability']
+         for p in json.loads((tmp_path / 'p.jsonl').read_text())['predictions']}
+  model = config_lib.build_model(config.model, num_classes=10)
+  params, _ = checkpointing.restore_params(str(workdir))
+  inputs = (np.asarray(Image.open(photo)) / 255 - normalization.IMAGENET_MEAN) / (
+      normalization.IMAGENET_STD)
+  want = jax.nn.softmax(model.apply({'params': params}, inputs[None].astype(np.float32)))[0]
+  np.testing.assert_allclose([got[c] for c in range(10)], want, atol=1e-4)
+  # A --config file that normalizes otherwise is said, on stderr.
+  mismatched = override(config_lib.classification_config('ViT-testing'), {
+      'model.patch_size': (4, 4), 'data.image_size': 8, 'trainer': 'predict',
+      'predict.inputs': photo})
+  main.run(mismatched, str(workdir))
+  assert (f'note: {workdir} was trained with config.data.pixel_mean=(0.485, 0.456, 0.406) and '
+          'pixel_std=(0.229, 0.224, 0.225), and this run normalizes its images with (0.5, 0.5, '
+          '0.5) and (0.5, 0.5, 0.5); to take the run') in capsys.readouterr().err

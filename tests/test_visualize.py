@@ -216,6 +216,18 @@ def test_predictions_figure_names_the_top_classes():
   assert bars.get_xlabel() == 'probability'
 
 
+@pytest.mark.parametrize('mean, std', [(0.5, 0.5), ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))])
+def test_figures_show_the_pixels_whatever_the_inputs_statistics(mean, std):
+  pixels = np.random.RandomState(0).randint(0, 256, (1, 8, 8, 3))
+  inputs = (pixels / 255 - np.array(mean)) / np.array(std)  # As the data config normalizes.
+  figure = visualize.plot_predictions(inputs, np.zeros((1, 3)), pixel_mean=mean, pixel_std=std)
+  np.testing.assert_allclose(figure.axes[0].images[0].get_array(), pixels[0] / 255, atol=1e-5)
+  figure = visualize.plot_attention_maps(inputs[0], np.ones((2, 2, 2)), np.ones((2, 2)),
+                                         pixel_mean=mean, pixel_std=std)
+  for ax in figure.axes[:4]:  # The input, two heads, the rollout: each over the same pixels.
+    np.testing.assert_allclose(ax.images[0].get_array(), pixels[0] / 255, atol=1e-5)
+
+
 def test_visualize_image_files_and_missing_checkpoint(tmp_path):
   from test_train import tiny_config  # pylint: disable=g-import-not-at-top
   from vit_jax import main  # pylint: disable=g-import-not-at-top

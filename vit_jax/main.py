@@ -77,11 +77,13 @@ def _evaluate(config, workdir: str):
   from vit_jax.train import checkpointing, loop, run_config  # pylint: disable=g-import-not-at-top
   run_config.check_task(workdir, config.task)
   checkpointing.require_checkpoint(workdir)  # Before the task writes its files there.
+  run_config.note_other_pixel_statistics(config, workdir)
   return loop.evaluate(config, workdir, _task(config, workdir))
 
 
 def _predict(config, workdir: str):
-  from vit_jax.train import prediction  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import prediction, run_config  # pylint: disable=g-import-not-at-top
+  run_config.note_other_pixel_statistics(config, workdir)
   return prediction.run(config, workdir)
 
 
@@ -91,7 +93,8 @@ def _translate(config, workdir: str):
 
 
 def _visualize(config, workdir: str):
-  from vit_jax.train import visualization  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import run_config, visualization  # pylint: disable=g-import-not-at-top
+  run_config.note_other_pixel_statistics(config, workdir)
   return visualization.run(config, workdir)
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from flax import traverse_util
 
 from vit_jax import errors
+from vit_jax.data import normalization
 from vit_jax.models.vit import PREFIX_TOKENS
 
 HEAD_FUSIONS = ('mean', 'max', 'min')
@@ -190,17 +191,21 @@ def _pyplot():
   return plt
 
 
-def _displayable(image: np.ndarray) -> np.ndarray:
-  """A model input in [-1, 1], (H, W, C) -> [0, 1] for imshow; one channel -> (H, W)."""
-  image = np.clip((np.asarray(image, np.float32) + 1) / 2, 0, 1)
+def _displayable(image: np.ndarray, pixel_mean=0.5, pixel_std=0.5) -> np.ndarray:
+  """A model input (H, W, C), normalized with pixel_mean and pixel_std (0.5, 0.5: [-1, 1]),
+  -> [0, 1] for imshow; one channel -> (H, W)."""
+  image = np.asarray(image, np.float32)
+  scale, offset = normalization.affine(pixel_mean, pixel_std, image.shape[-1], where='')
+  image = np.clip(normalization.to_unit_interval(image, scale, offset), 0, 1)
   return image[..., 0] if image.shape[-1] == 1 else image
 
 
 def _overlay(ax, image: np.ndarray, heat: np.ndarray, title: str, vmax: float,
              cmap: str = 'inferno'):
-  """Draws `image` with `heat` (rows, cols) stretched over it, half transparent."""
+  """Draws `image` (ready for imshow) with `heat` (rows, cols) stretched over it, half
+  transparent."""
   height, width = image.shape[:2]
-  ax.imshow(_displayable(image), cmap='gray', extent=(0, width, height, 0))
+  ax.imshow(image, cmap='gray', extent=(0, width, height, 0))
   mappable = ax.imshow(heat, cmap=cmap, alpha=0.6, vmin=0, vmax=vmax,
                        extent=(0, width, height, 0), interpolation='nearest')
   ax.set_title(title, fontsize=9)
@@ -212,11 +217,12 @@ def _overlay(ax, image: np.ndarray, heat: np.ndarray, title: str, vmax: float,
 
 def plot_attention_maps(image: np.ndarray, head_maps: np.ndarray,
                         rollout_map: np.ndarray | None = None, layer: int | None = None,
-                        title: str = ''):
+                        title: str = '', pixel_mean=0.5, pixel_std=0.5):
   """The input, each head's class-token attention over it, and the rollout.
 
   Args:
-    image: a model input (H, W, C) in [-1, 1].
+    image: a model input (H, W, C), normalized with `pixel_mean` and `pixel_std` (fractions of
+      255, per channel or one for all; the data config's, 0.5 and 0.5 for inputs in [-1, 1]).
     head_maps: (N, rows, cols) from `class_token_maps`.
     rollout_map: (rows, cols) from `rollout_maps`, or None.
     layer: the layer of `head_maps`, for the titles.
@@ -234,7 +240,8 @@ def plot_attention_maps(image: np.ndarray, head_maps: np.ndarray,
                               squeeze=False, layout='constrained')
   axes = axes.ravel()
   height, width = image.shape[:2]
-  axes[0].imshow(_displayable(image), cmap='gray', extent=(0, width, height, 0))
+  image = _displayable(image, pixel_mean, pixel_std)
+  axes[0].imshow(image, cmap='gray', extent=(0, width, height, 0))
   axes[0].set_title('input', fontsize=9)
   axes[0].set_xlabel('x (pixels)', fontsize=8)
   axes[0].set_ylabel('y (pixels)', fontsize=8)
@@ -268,8 +275,13 @@ def top_k(logits: np.ndarray, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
 
 
 def plot_predictions(images: np.ndarray, logits: np.ndarray, class_names: Sequence[str] = (),
-                     labels: Sequence[int] | None = None, k: int = 5):
-  """Each image beside a bar chart of its top-`k` classes and their probabilities."""
+                     labels: Sequence[int] | None = None, k: int = 5, pixel_mean=0.5,
+                     pixel_std=0.5):
+  """Each image beside a bar chart of its top-`k` classes and their probabilities.
+
+  `images` are model inputs, normalized with `pixel_mean` and `pixel_std` (as in
+  `plot_attention_maps`).
+  """
   plt = _pyplot()
   ids, probs = top_k(logits, min(k, logits.shape[-1]))
   names = list(class_names) or [str(i) for i in range(logits.shape[-1])]
@@ -277,7 +289,7 @@ def plot_predictions(images: np.ndarray, logits: np.ndarray, class_names: Sequen
                               layout='constrained', gridspec_kw={'width_ratios': [1, 2]})
   for row, image in enumerate(images):
     image_ax, bar_ax = axes[row]
-    image_ax.imshow(_displayable(image), cmap='gray')
+    image_ax.imshow(_displayable(image, pixel_mean, pixel_std), cmap='gray')
     image_ax.set_axis_off()
     if labels is not None:
       image_ax.set_title(f'label: {names[labels[row]]}', fontsize=9)

@@ -1,4 +1,4 @@
-"""RandAugment and mixup in TensorFlow ops.
+"""RandAugment in TensorFlow ops (mixup and CutMix: `mixing`).
 
 RandAugment (Cubuk et al., 2019): each image gets `num_layers` ops drawn uniformly from
 `RANDAUGMENT_OPS`, each at the same fixed magnitude. Ops work on uint8 (H, W, C) images,
@@ -210,25 +210,3 @@ def randaugment(image, num_layers: int, magnitude: float, seed, fill: int = 128)
     branches = [functools.partial(op, image, level, sign, fill) for op in ops]
     image = tf.ensure_shape(tf.switch_case(op_index, branches), image.shape)
   return image
-
-
-def mixup(images, labels, num_classes: int, alpha: float, seed):
-  """Mixes each example with its neighbour in the batch, with one Beta(alpha, alpha) weight.
-
-  Args:
-    images: float32 (B, H, W, C).
-    labels: int (B,) class ids.
-    num_classes: length of the soft-label vectors.
-    alpha: Beta distribution parameter, > 0.
-    seed: stateless seed, int32/int64 (2,).
-
-  Returns:
-    (mixed images float32 (B, H, W, C), soft labels float32 (B, num_classes), rows sum to 1).
-  """
-  gammas = tf.random.stateless_gamma([2], seed, alpha=alpha)
-  # Beta(alpha, alpha) = G1 / (G1 + G2); for tiny alpha both can underflow to 0, then weight 0.
-  weight = tf.math.divide_no_nan(gammas[0], gammas[0] + gammas[1])
-  one_hot = tf.one_hot(labels, num_classes, dtype=tf.float32)  # (B, num_classes)
-  mixed_images = weight * images + (1.0 - weight) * tf.roll(images, shift=1, axis=0)
-  mixed_labels = weight * one_hot + (1.0 - weight) * tf.roll(one_hot, shift=1, axis=0)
-  return mixed_images, mixed_labels

@@ -3,7 +3,7 @@
   split = eval_sets.open_split('imagenet_v2', 'test', data_config, label_fields,
                                process_index=0, process_count=1)
   for batch in split.batches(batch_size):  # split.num_batches(batch_size), as on every host.
-    ...  # {'image': float32 (B, H, W, C) in [-1, 1], <label_fields' keys>, 'mask': float32 (B,)}
+    ...  # {'image': float32 (B, H, W, C) normalized, <label_fields' keys>, 'mask': float32 (B,)}
 
 Each host reads its `tfds.split_for_jax_process` share in a fixed order; shares are padded to the
 same number of batches with mask-0 examples (zeros), as `ImageDataset.eval_batches` pads the test

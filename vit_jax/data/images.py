@@ -3,8 +3,8 @@
   ds = images.build(config.data, process_index=jax.process_index(),
                     process_count=jax.process_count())
   for batch in ds.train_batches(batch_size=local_batch, seed=config.seed):  # Endless.
-    ...  # {'image': float32 (B, H, W, C) in [-1, 1], 'label': int32 (B,)}
-         # (with mixup, 'label' is float32 (B, num_classes) soft labels summing to 1).
+    ...  # {'image': float32 (B, H, W, C) normalized (default [-1, 1]), 'label': int32 (B,)}
+         # (with mixup or CutMix, 'label' is float32 (B, num_classes) soft labels summing to 1).
   for batch in ds.eval_batches(batch_size=local_batch):  # One pass over this host's test share.
     ...  # {'image', 'label': int32 (B,), 'mask': float32 (B,)}; padding examples have mask 0.
 
@@ -19,7 +19,7 @@ from ml_collections import config_dict
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.data import checks, hosts, synthetic
+from vit_jax.data import checks, hosts, normalization, synthetic
 
 _AUTOTUNE = -1  # tf.data.AUTOTUNE, spelled out so that building a config needs no TensorFlow.
 TRAIN_CROPS = ('inception_crop', 'resize_random_crop', 'pad_random_crop', 'resize')
@@ -43,6 +43,11 @@ def default_config() -> ml_collections.ConfigDict:
   config.tfds_download_retries = 10
   config.image_size = 8  # Model input resolution (square); 8 is digits' own size.
   config.channels = 3  # 3: RGB (grayscale repeated, alpha dropped); 1: grayscale.
+  # Pixels p become (p / 255 - pixel_mean) / pixel_std, per channel (one value: every channel).
+  # 0.5, 0.5: [-1, 1], as Google's ViT; DeiT and timm's ImageNet models: ImageNet's statistics,
+  # pixel_mean=(0.485, 0.456, 0.406), pixel_std=(0.229, 0.224, 0.225).
+  config.pixel_mean = normalization.INCEPTION_MEAN
+  config.pixel_std = normalization.INCEPTION_STD
   # Train crop: 'inception_crop' | 'resize_random_crop' | 'pad_random_crop' | 'resize'.
   config.train_crop = 'pad_random_crop'
   config.inception_crop_min_area = 0.05  # inception_crop: smallest crop, as a fraction of area.
@@ -54,6 +59,9 @@ def default_config() -> ml_collections.ConfigDict:
   config.randaugment_magnitude = 0.0  # RandAugment strength, 0..10 scale (up to 30); 0 disables.
   config.randaugment_fill = 128  # Gray level for pixels that RandAugment's geometric ops uncover.
   config.mixup_alpha = 0.0  # Mixup Beta(alpha, alpha) weight per batch; 0 disables (0.1-0.4).
+  config.cutmix_alpha = 0.0  # CutMix Beta(alpha, alpha) box per batch; 0 disables (DeiT: 1.0).
+  # With mixup_alpha and cutmix_alpha both > 0: the share of batches that take CutMix, not mixup.
+  config.cutmix_prob = 0.5
   # 0: every epoch a new order of the whole split; 1: keep the order; N: a buffer of N, for TFDS
   # tfrecord datasets (read as a stream; 0 gives them 10,000).
   config.shuffle_buffer = 0
@@ -84,9 +92,17 @@ def _checked_config(config) -> ml_collections.ConfigDict:
   check.require(0 <= c.randaugment_magnitude <= 30, 'randaugment_magnitude', 'in [0, 30]')
   check.require(0 <= c.randaugment_fill <= 255, 'randaugment_fill', 'in [0, 255]')
   check.require(c.mixup_alpha >= 0, 'mixup_alpha', '>= 0')
+  check.require(c.cutmix_alpha >= 0, 'cutmix_alpha', '>= 0')
+  check.require(0 <= c.cutmix_prob <= 1, 'cutmix_prob', 'in [0, 1]')
   check.require_int('shuffle_buffer', 0)
   check.require_int('prefetch', -1, '-1 (AUTOTUNE) or >= 0')
   config = check.result()
+  if config.cutmix_prob != 0.5 and not (config.mixup_alpha > 0 and config.cutmix_alpha > 0):
+    raise errors.ConfigError(
+        f'config.data.cutmix_prob={config.cutmix_prob} chooses between mixup and CutMix, but '
+        f'mixup_alpha={config.mixup_alpha} and cutmix_alpha={config.cutmix_alpha}: set both '
+        '> 0, or leave cutmix_prob out.')
+  normalization.of_config(config)
   synthetic.check(config, default_config())
   return config
 
@@ -158,8 +174,8 @@ class ImageDataset:
                     start_step: int = 0) -> Iterator[dict[str, np.ndarray]]:
     """Endless iterator over this host's shuffled, augmented train batches of numpy arrays.
 
-    Yields {'image': float32 (batch_size, H, W, C) in [-1, 1], 'label': int32 (batch_size,)};
-    with mixup_alpha > 0, 'label' is float32 (batch_size, num_classes) with rows summing to 1.
+    Yields {'image': float32 (batch_size, H, W, C), normalized, 'label': int32 (batch_size,)};
+    with mixup or CutMix, 'label' is float32 (batch_size, num_classes), rows summing to 1.
     The same seed (and host) gives the same batches; the stream starts at batch `start_step`
     without reading the records of the batches before it.
     """
@@ -208,9 +224,9 @@ class ImageDataset:
 def load_files(paths: list[str], config=None) -> np.ndarray:
   """Image files (PNG, JPEG, GIF or BMP, any size) -> model inputs like test images.
 
-  Returns float32 (B, H, W, C) in [-1, 1]. `config` is a data config (or dict); only
-  image_size, channels and eval_resize_ratio matter. Paths may be on any filesystem
-  tf.io.gfile reaches.
+  Returns float32 (B, H, W, C), normalized. `config` is a data config (or dict); only
+  image_size, channels, eval_resize_ratio, pixel_mean and pixel_std matter. Paths may be on
+  any filesystem tf.io.gfile reaches.
 
   Raises:
     MissingFileError: a file does not exist.

@@ -1,4 +1,4 @@
-"""Image preprocessing in TensorFlow: channels, crops, resizes, flips, scaling to [-1, 1].
+"""Image preprocessing in TensorFlow: channels, crops, resizes, flips, normalization.
 
 Functions work on batches of uint8 images (B, H, W, C) and draw independent randomness for each
 example, so a batch of images of one size is preprocessed in a few vectorized ops; images of
@@ -12,7 +12,7 @@ import math
 import ml_collections
 
 from vit_jax import errors
-from vit_jax.data import augment
+from vit_jax.data import augment, normalization
 from vit_jax.data.tf_cpu import tf
 
 
@@ -164,9 +164,10 @@ def resize_center_crop(images, size: int, resize_ratio: float):
   return images[..., offset:offset + size, offset:offset + size, :]
 
 
-def to_unit_range(images):
-  """uint8 images -> float32 in [-1, 1] (0 -> -1, 255 -> 1)."""
-  return tf.cast(images, tf.float32) / 127.5 - 1.0
+def normalize(images, config: ml_collections.ConfigDict):
+  """uint8 images (..., C) -> float32 (p / 255 - config.pixel_mean) / config.pixel_std."""
+  scale, offset = normalization.of_config(config)
+  return tf.cast(images, tf.float32) * scale + offset
 
 
 def _crop(images, seed, flip_seed, config: ml_collections.ConfigDict):
@@ -232,7 +233,7 @@ def randaugment_images(crops, seed, config: ml_collections.ConfigDict):
 
 
 def train_images(images, seed, config: ml_collections.ConfigDict):
-  """Training preprocessing: channels, crop, flip, RandAugment, scaling to [-1, 1].
+  """Training preprocessing: channels, crop, flip, RandAugment, normalization.
 
   Args:
     images: uint8 (B, H, W, C) with C in {1, 2, 3, 4}.
@@ -242,16 +243,16 @@ def train_images(images, seed, config: ml_collections.ConfigDict):
   Returns:
     float32 (B, image_size, image_size, channels).
   """
-  return to_unit_range(randaugment_images(train_crops(images, seed, config), seed, config))
+  return normalize(randaugment_images(train_crops(images, seed, config), seed, config), config)
 
 
 def eval_images(images, config: ml_collections.ConfigDict):
   """Deterministic preprocessing of uint8 (..., H, W, C) images: channels, resize (+ center crop).
 
-  Returns float32 (..., image_size, image_size, channels) in [-1, 1].
+  Returns float32 (..., image_size, image_size, channels), normalized (`normalize`).
   """
   images = to_channels(images, config.channels)
   images = resize_center_crop(images, config.image_size, config.eval_resize_ratio)
   size = config.image_size
   images = tf.ensure_shape(images, images.shape[:-3].concatenate([size, size, config.channels]))
-  return to_unit_range(images)
+  return normalize(images, config)

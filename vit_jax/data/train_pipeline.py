@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import progress
-from vit_jax.data import augment, preprocess, train_order
+from vit_jax.data import mixing, preprocess, train_order
 from vit_jax.data.tf_cpu import as_written, tf
 
 # Shuffle buffer of TFDS datasets read as a stream (tfrecord) when config.shuffle_buffer is 0.
@@ -28,7 +28,7 @@ _AUTOTUNE = tf.data.AUTOTUNE
 class Seeds:
   shuffle: int  # The order of each epoch.
   augment: int  # Crops, flips, RandAugment: with the position.
-  mixup: int  # Mixup weights: with the step.
+  mixup: int  # Mixup and CutMix: with the step.
 
 
 def _failed(shape) -> dict:
@@ -171,18 +171,20 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
 
 
 def _finished(batches, source, config, num_classes: int, seeds: Seeds):
-  """(step, uint8 batch) -> the batches the trainer takes: failed rows filled, float32, mixup."""
+  """(step, uint8 batch) -> the batches the trainer takes: failed rows filled, float32, mixed."""
   @as_written
   def finish(step, batch):
     if source.decode_can_fail:
       batch = train_order.fill_failed_rows(batch)
     else:
       batch.pop('ok', None)
-    batch['image'] = preprocess.to_unit_range(batch['image'])  # uint8 until here: 4x less to copy.
-    if config.mixup_alpha > 0:
+    # uint8 until here: 4x less to copy.
+    batch['image'] = preprocess.normalize(batch['image'], config)
+    if config.mixup_alpha > 0 or config.cutmix_alpha > 0:
       batch_seed = tf.stack([tf.constant(seeds.mixup, tf.int64), step])
-      batch['image'], batch['label'] = augment.mixup(
-          batch['image'], batch['label'], num_classes, config.mixup_alpha, batch_seed)
+      batch['image'], batch['label'] = mixing.mix(
+          batch['image'], batch['label'], num_classes, config.mixup_alpha, config.cutmix_alpha,
+          config.cutmix_prob, batch_seed)
     return batch
 
   return batches.map(finish, num_parallel_calls=_AUTOTUNE).prefetch(config.prefetch)

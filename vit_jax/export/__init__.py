@@ -2,14 +2,15 @@
 
   python -m vit_jax.export SOURCE OUT --format stablehlo|savedmodel|onnx [--model NAME]
       [--ema] [--batch-size N] [--dtype float32|bfloat16] [--preprocess] [--image-size S]
-      [--overwrite]
+      [--pixel-mean M] [--pixel-std S] [--overwrite]
 
 SOURCE is a classification workdir (its latest checkpoint) or a published-layout .npz (with
 --model). OUT is a directory: the artifact (`stablehlo`, `savedmodel`, `onnx` modules say
 what) and OUT/metadata.json (model, image size, class names, inputs and outputs, version).
 Each artifact computes {'logits', 'probabilities'}, float32 (B, classes), from `images`:
-float32 (B, S, S, C) in [-1, 1], or with `preprocess` uint8 (B, H, W, C) of any size,
-resized and scaled as the eval pipeline does. The batch is symbolic unless `batch_size`.
+float32 (B, S, S, C) normalized as in training ([-1, 1] by default; metadata.json's
+pixel_mean and pixel_std), or with `preprocess` uint8 (B, H, W, C) of any size, resized and
+normalized as the eval pipeline does. The batch is symbolic unless `batch_size`.
 OUT appears whole or not at all: it is written beside and renamed.
 """
 
@@ -63,13 +64,14 @@ def _is_export(path: str) -> bool:
 def export(source: str, out: str, export_format: str, *, model_name: str | None = None,
            ema: bool = False, batch_size: int | None = None, dtype: str = 'float32',
            preprocess: bool = False, image_size: int | None = None,
-           overwrite: bool = False) -> dict:
+           overwrite: bool = False, pixel_mean=None, pixel_std=None) -> dict:
   """Writes the classifier in SOURCE to the directory OUT as `export_format`; returns the
   metadata written to OUT/metadata.json. A translation workdir exports its greedy translation
   (`vit_jax.export.translation`)."""
   from vit_jax.export import translation  # pylint: disable=g-import-not-at-top
   if translation.is_translation_workdir(source):
-    translation.check_arguments(export_format, model_name, preprocess, image_size)
+    translation.check_arguments(export_format, model_name, preprocess, image_size, pixel_mean,
+                                pixel_std)
     check_arguments(out, export_format, batch_size, dtype, overwrite)
     model = translation.Translation(source, ema, dtype)
     progress.log(f'Exporting greedy translation of {model.config.model.name} ({dtype}) from '
@@ -79,7 +81,7 @@ def export(source: str, out: str, export_format: str, *, model_name: str | None 
         staging, model, export_format, batch_size, metadata), metadata)
   check_arguments(out, export_format, batch_size, dtype, overwrite)
   exportable = source_lib.load(source, model_name=model_name, ema=ema, image_size=image_size,
-                               dtype=dtype)
+                               dtype=dtype, pixel_mean=pixel_mean, pixel_std=pixel_std)
   progress.log(f'Exporting {exportable.model_name} ({len(exportable.class_names)} classes, '
                f'{exportable.image_size}x{exportable.image_size}, {dtype}) from '
                f'{exportable.source} as {export_format}.')

@@ -9,6 +9,14 @@ from vit_jax.export import FORMATS, export
 from vit_jax.export.source import DTYPES
 
 
+def _floats(text: str) -> tuple[float, ...]:
+  try:
+    return tuple(float(part) for part in text.split(','))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'{text!r} is not comma-separated numbers, e.g. '
+                                     '0.485,0.456,0.406') from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   parser = argparse.ArgumentParser(
       prog='python -m vit_jax.export',
@@ -27,17 +35,25 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--batch-size', type=int, help='a fixed batch size (default: symbolic)')
   parser.add_argument('--dtype', default='float32', help=f'compute dtype: {", ".join(DTYPES)}')
   parser.add_argument('--preprocess', action='store_true',
-                      help='take uint8 images of any size, resized and scaled as the eval '
-                      'pipeline does (default: float32 model inputs in [-1, 1])')
+                      help='take uint8 images of any size, resized and normalized as the eval '
+                      'pipeline does (default: float32 model inputs, normalized)')
   parser.add_argument('--image-size', type=int, help="the model's input size (default: the "
                       "workdir's config, or the .npz's position embedding)")
+  parser.add_argument('--pixel-mean', type=_floats, metavar='M[,M,M]',
+                      help="a .npz SOURCE: the pixel mean its model was trained with, as "
+                      "fractions of 255 (default 0.5; DeiT's: 0.485,0.456,0.406); a workdir's "
+                      'comes from its config')
+  parser.add_argument('--pixel-std', type=_floats, metavar='S[,S,S]',
+                      help="a .npz SOURCE: the pixel standard deviation (default 0.5; DeiT's: "
+                      '0.229,0.224,0.225)')
   parser.add_argument('--overwrite', action='store_true',
                       help='replace an earlier export at OUT (nothing else)')
   args = parser.parse_args(argv)
   try:
     export(args.source, args.out, args.export_format, model_name=args.model, ema=args.ema,
            batch_size=args.batch_size, dtype=args.dtype, preprocess=args.preprocess,
-           image_size=args.image_size, overwrite=args.overwrite)
+           image_size=args.image_size, overwrite=args.overwrite, pixel_mean=args.pixel_mean,
+           pixel_std=args.pixel_std)
   except errors.UserError as e:
     print(f'error: {e}', file=sys.stderr)
     return 1

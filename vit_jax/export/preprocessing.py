@@ -3,11 +3,13 @@
 Exported models with `--preprocess` take uint8 (B, H, W, C) images of any size: a square
 bilinear antialiased resize (TF's `resize(..., antialias=True)`, the ScaleAndTranslate
 triangle kernel) to round(image_size * eval_resize_ratio), rounding to uint8, the central
-(image_size, image_size) crop, and scaling to [-1, 1]. H and W may be symbolic dimensions.
+(image_size, image_size) crop, and normalization: pixel * scale + offset per channel, which
+is (pixel / 255 - mean) / std (`vit_jax.data.normalization.affine`). H and W may be symbolic.
 """
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 def triangle_weights(pixels: jax.Array, out_size: int) -> jax.Array:
@@ -39,11 +41,12 @@ def resize(images: jax.Array, size: int) -> jax.Array:
   return jnp.clip(jnp.round(x), 0, 255).astype(jnp.uint8)
 
 
-def eval_images(images: jax.Array, image_size: int, resize_ratio: float) -> jax.Array:
-  """uint8 (B, H, W, C) -> float32 (B, image_size, image_size, C) in [-1, 1], as the eval
-  pipeline's `resize_center_crop` and `to_unit_range`."""
+def eval_images(images: jax.Array, image_size: int, resize_ratio: float, scale: np.ndarray,
+                offset: np.ndarray) -> jax.Array:
+  """uint8 (B, H, W, C) -> float32 (B, image_size, image_size, C), as the eval pipeline's
+  `resize_center_crop` and `normalize` (scale, offset: float32 (C,))."""
   resized_size = max(image_size, round(image_size * resize_ratio))
   resized = resize(images, resized_size)
-  offset = (resized_size - image_size) // 2
-  crop = resized[:, offset:offset + image_size, offset:offset + image_size, :]
-  return crop.astype(jnp.float32) / 127.5 - 1.0
+  start = (resized_size - image_size) // 2
+  crop = resized[:, start:start + image_size, start:start + image_size, :]
+  return crop.astype(jnp.float32) * scale + offset

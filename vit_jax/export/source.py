@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 import vit_jax
 from vit_jax import errors, files, models, weights
-from vit_jax.data import class_names as class_names_lib
+from vit_jax.data import class_names as class_names_lib, normalization
 from vit_jax.export import preprocessing
 from vit_jax.models.vit import stem_stride
 from vit_jax.train import checkpointing, run_config
@@ -32,6 +32,8 @@ class Exportable:
   image_size: int
   channels: int
   eval_resize_ratio: float
+  pixel_mean: tuple[float, ...]  # Per channel, fractions of 255 (config.data.pixel_mean).
+  pixel_std: tuple[float, ...]
   class_names: list[str]
   source: str  # Where the weights came from, for the metadata and the log.
   dtype: str
@@ -43,14 +45,16 @@ class Exportable:
       images = {'name': 'images', 'dtype': 'uint8', 'shape': [batch, 'h', 'w', self.channels],
                 'range': '0..255, any height and width'}
     else:
+      default = self.pixel_mean == self.pixel_std == (0.5,) * self.channels
       images = {'name': 'images', 'dtype': 'float32',
                 'shape': [batch, self.image_size, self.image_size, self.channels],
-                'range': '[-1, 1]'}
+                'range': '[-1, 1]' if default else '(pixels / 255 - pixel_mean) / pixel_std'}
     num_classes = len(self.class_names)
     outputs = [{'name': name, 'dtype': 'float32', 'shape': [batch, num_classes]}
                for name in ('logits', 'probabilities')]
     return {'format': export_format, 'model': self.model_name, 'image_size': self.image_size,
             'channels': self.channels, 'eval_resize_ratio': self.eval_resize_ratio,
+            'pixel_mean': list(self.pixel_mean), 'pixel_std': list(self.pixel_std),
             'preprocess': preprocess, 'dtype': self.dtype, 'inputs': [images],
             'outputs': outputs, 'class_names': self.class_names, 'source': self.source,
             'vit_jax_version': vit_jax.__version__}
@@ -83,13 +87,26 @@ def _fit(model_name: str, fields: dict, flat: dict, source: str, image_size: int
   return model, weights.load_pretrained(flat, init['params'], source_name=source), image_size
 
 
+def _statistics(mean, std, channels: int, where: str, flags: bool = False) -> tuple[tuple, tuple]:
+  mean, std = normalization.statistics(mean, std, channels, where, flags)
+  return tuple(float(v) for v in mean), tuple(float(v) for v in std)
+
+
 def _from_workdir(workdir: str, model_name: str | None, ema: bool, image_size: int | None,
-                  dtype: str) -> Exportable:
+                  dtype: str, pixel_stats_given: bool) -> Exportable:
   run_config.check_task(workdir, 'classification', 'SOURCE')
   config = run_config.load_config(workdir)
   if model_name is not None and model_name != config.model.name:
     raise errors.ConfigError(f'--model={model_name} names the model of a .npz SOURCE; the '
                              f'workdir {workdir} holds a {config.model.name}: leave --model out.')
+  if pixel_stats_given:
+    raise errors.ConfigError(
+        f'--pixel-mean and --pixel-std describe a .npz SOURCE; the workdir {workdir} was trained '
+        f'with config.data.pixel_mean={tuple(config.data.pixel_mean)} and pixel_std='
+        f'{tuple(config.data.pixel_std)} (its config.json), which the export takes: leave them '
+        'out.')
+  mean, std = _statistics(config.data.pixel_mean, config.data.pixel_std, config.data.channels,
+                          f'{run_config.config_path(workdir)}: data.')
   params, step = checkpointing.restore_params(workdir, ema=ema)
   flat = weights.canonicalize(params)
   fields = {key: value for key, value in config.model.items() if key != 'name'}
@@ -99,21 +116,25 @@ def _from_workdir(workdir: str, model_name: str | None, ema: bool, image_size: i
                                    config.data.channels, dtype)
   names = class_names_lib.load(workdir) or class_names_lib.for_dataset(config.data)
   return Exportable(model, params, config.model.name, image_size, config.data.channels,
-                    config.data.eval_resize_ratio, _names(names, model.num_classes), what, dtype)
+                    config.data.eval_resize_ratio, mean, std, _names(names, model.num_classes),
+                    what, dtype)
 
 
 def _from_npz(path: str, model_name: str | None, ema: bool, image_size: int | None,
-              dtype: str) -> Exportable:
+              dtype: str, pixel_mean, pixel_std) -> Exportable:
   if model_name is None:
     raise errors.ConfigError(f'Exporting the .npz {path} needs the model it holds: give --model '
                              '(e.g. --model ViT-B_16).')
   if ema:
     raise errors.ConfigError(f'--ema reads the EMA weights of a workdir; {path} is a .npz, which '
                              'holds one set of weights: leave --ema out.')
+  mean, std = _statistics(normalization.INCEPTION_MEAN if pixel_mean is None else pixel_mean,
+                          normalization.INCEPTION_STD if pixel_std is None else pixel_std, 3,
+                          '', flags=True)
   flat = weights.canonicalize(weights.load_npz(path))
   model, params, image_size = _fit(model_name, {}, flat, path, image_size, 3, dtype)
   names = class_names_lib.imagenet2012() if model.num_classes == 1000 else None
-  return Exportable(model, params, model_name, image_size, 3, 1.0,
+  return Exportable(model, params, model_name, image_size, 3, 1.0, mean, std,
                     _names(names, model.num_classes), path, dtype)
 
 
@@ -124,15 +145,22 @@ def _names(names, num_classes: int) -> list[str]:
 
 
 def load(source: str, *, model_name: str | None = None, ema: bool = False,
-         image_size: int | None = None, dtype: str = 'float32') -> Exportable:
+         image_size: int | None = None, dtype: str = 'float32', pixel_mean=None,
+         pixel_std=None) -> Exportable:
   """The classifier in `source`: a classification workdir (its latest checkpoint) or a
-  published-layout .npz (with `model_name`), at `image_size` (default: its own)."""
+  published-layout .npz (with `model_name`), at `image_size` (default: its own).
+
+  `pixel_mean` and `pixel_std` (fractions of 255, per channel or one for all) are a .npz's
+  input statistics, by default 0.5 and 0.5 (Google's ViT: inputs in [-1, 1]); a workdir's
+  come from its config.json.
+  """
   if dtype not in DTYPES:
     raise errors.ConfigError(f'--dtype={dtype!r} is not one of {", ".join(DTYPES)}.')
   if files.isdir(source):
-    return _from_workdir(source, model_name, ema, image_size, dtype)
+    return _from_workdir(source, model_name, ema, image_size, dtype,
+                         pixel_mean is not None or pixel_std is not None)
   if source.endswith('.npz'):
-    return _from_npz(source, model_name, ema, image_size, dtype)
+    return _from_npz(source, model_name, ema, image_size, dtype, pixel_mean, pixel_std)
   if not files.exists(source):
     raise errors.MissingFileError(f'SOURCE {source} does not exist; give a workdir or a .npz.')
   raise errors.ConfigError(f'SOURCE {source} is neither a workdir nor a .npz checkpoint.')
@@ -142,14 +170,17 @@ def serving_function(exportable: Exportable, preprocess: bool):
   """(params, images) -> {'logits', 'probabilities'} (float32 (B, num_classes)) of the model.
 
   With `preprocess`, images are uint8 (B, H, W, C) of any size, preprocessed as the eval
-  pipeline does; otherwise float32 (B, image_size, image_size, C) in [-1, 1].
+  pipeline does; otherwise float32 (B, image_size, image_size, C), normalized with the
+  exportable's pixel_mean and pixel_std ([-1, 1] for 0.5 and 0.5).
   """
   model = exportable.model
+  scale, offset = normalization.affine(exportable.pixel_mean, exportable.pixel_std,
+                                       exportable.channels)
 
   def serve(params, images):
     if preprocess:
       images = preprocessing.eval_images(images, exportable.image_size,
-                                         exportable.eval_resize_ratio)
+                                         exportable.eval_resize_ratio, scale, offset)
     logits = model.apply({'params': params}, images, train=False).astype(jnp.float32)
     return {'logits': logits, 'probabilities': jax.nn.softmax(logits, axis=-1)}
 

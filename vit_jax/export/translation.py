@@ -70,13 +70,15 @@ class Translation:
             'vit_jax_version': vit_jax.__version__}
 
 
-def check_arguments(export_format: str, model_name, preprocess: bool, image_size):
+def check_arguments(export_format: str, model_name, preprocess: bool, image_size,
+                    pixel_mean=None, pixel_std=None):
   """The options that do not apply to a translation workdir are errors."""
   if export_format not in FORMATS:
     raise errors.ConfigError(f'--format {export_format}: a translation workdir exports as '
                              f'{" or ".join(FORMATS)}.')
   given = [flag for flag, value in (('--model', model_name), ('--preprocess', preprocess),
-                                    ('--image-size', image_size)) if value]
+                                    ('--image-size', image_size), ('--pixel-mean', pixel_mean),
+                                    ('--pixel-std', pixel_std)) if value]
   if given:
     raise errors.ConfigError(f'{", ".join(given)} applies to image classifiers; a translation '
                              'workdir exports token ids in and out: leave it out.')

@@ -8,9 +8,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from vit_jax import errors, evaluation, files, progress, weights
-from vit_jax.data import class_names, images
+from vit_jax.data import class_names, images, normalization
 from vit_jax.train import checkpointing, config as config_lib, losses, run_config, task
 from vit_jax.train.losses import cross_entropy
 
@@ -62,6 +63,7 @@ class ClassificationTask(task.BatchedTask):
     check_distillation(config, self.distilled)
     self.teacher = None
     self._teacher_params = None
+    self._teacher_inputs = None  # (scale, offset): the student's inputs -> the teacher's.
     if config.teacher:
       self.teacher, self._teacher_params = self._load_teacher(config.teacher)
     names = evaluation.names_of(config.evals)
@@ -82,6 +84,7 @@ class ClassificationTask(task.BatchedTask):
       run_config.check_task(path, 'classification', 'config.teacher')
       teacher_config = run_config.load_config(path)
       model_config = teacher_config.model
+      self._teacher_inputs = _renormalization(self.config.data, teacher_config.data, path)
     else:
       if not self.config.get('teacher_model'):
         raise errors.ConfigError(f'Teacher {path!r} is a weights file: set config.teacher_model to '
@@ -138,8 +141,11 @@ class ClassificationTask(task.BatchedTask):
     """Per example: the distillation token's loss against its target (`config.distillation`)."""
     if self.config.distillation == 'none':  # The labels, as for the class token.
       return cross_entropy(logits_dist, batch['label'], self.config.label_smoothing)
-    teacher_logits = jax.lax.stop_gradient(
-        self.teacher.apply({'params': frozen}, batch['image']))
+    teacher_images = batch['image']
+    if self._teacher_inputs is not None:
+      scale, offset = self._teacher_inputs
+      teacher_images = teacher_images * scale + offset
+    teacher_logits = jax.lax.stop_gradient(self.teacher.apply({'params': frozen}, teacher_images))
     if self.config.distillation == 'hard':  # The teacher's top class, not smoothed (DeiT).
       return cross_entropy(logits_dist, jnp.argmax(teacher_logits, axis=-1))
     return losses.soft_distillation(logits_dist, teacher_logits,
@@ -182,6 +188,20 @@ class ClassificationTask(task.BatchedTask):
                           lambda images: self._features(params, images), mesh,
                           self.local_eval_batch_size)
 
+
+
+def _renormalization(student_data, teacher_data, teacher_path: str):
+  """(scale, offset) taking the student's normalized inputs to the teacher's pixel statistics
+  (its run's config.data.pixel_mean/pixel_std); None when they are the same."""
+  scale, offset = normalization.of_config(student_data)
+  teacher_scale, teacher_offset = normalization.affine(
+      teacher_data.pixel_mean, teacher_data.pixel_std, student_data.channels,
+      where=f'{teacher_path}/config.json: data.')
+  if np.array_equal(scale, teacher_scale) and np.array_equal(offset, teacher_offset):
+    return None
+  # pixel = (x - offset) / scale, so the teacher's x' = pixel * teacher_scale + teacher_offset.
+  ratio = teacher_scale / scale
+  return ratio, teacher_offset - offset * ratio
 
 
 def check_distillation(config: ml_collections.ConfigDict, distilled: bool):

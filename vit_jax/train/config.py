@@ -131,7 +131,9 @@ def classification_config(model: str = 'ViT-B_16') -> ml_collections.ConfigDict:
   config.pretrained = ''  # Weights to start from: a published .npz or a vit_jax workdir.
   config.reinit_head = False  # Re-initialise the head even when the class count matches.
   config.teacher = ''  # DeiT: a teacher's vit_jax workdir or .npz (see `distillation`).
-  config.teacher_model = ''  # DeiT: the teacher's model name when `teacher` is a .npz.
+  # DeiT: the teacher's model name when `teacher` is a .npz (which sees the student's inputs; a
+  # workdir teacher sees them normalized with its run's data.pixel_mean and pixel_std).
+  config.teacher_model = ''
   # DeiT: the distillation token's target: 'none' (the labels, like the class token), 'hard'
   # (the teacher's top class, not smoothed) or 'soft' (the teacher's softened outputs).
   config.distillation = 'none'

@@ -47,14 +47,16 @@ def _image_attention(config, workdir: str, output_dir: str) -> list[str]:
   rollouts = visualize.rollout_maps(weights, prefix)
   names = prediction.class_names(config, workdir, model.num_classes)
   class_ids, probs = visualize.top_k(logits, 1)
+  stats = {'pixel_mean': config.data.pixel_mean, 'pixel_std': config.data.pixel_std}
   paths = []
   for i, image in enumerate(inputs):
     title = f'predicted {names[class_ids[i, 0]]} ({probs[i, 0]:.0%})'
     if labels is not None:
       title += f', label {names[labels[i]]}'
-    figure = visualize.plot_attention_maps(image, head_maps[i], rollouts[i], layer, title)
+    figure = visualize.plot_attention_maps(image, head_maps[i], rollouts[i], layer, title,
+                                           **stats)
     paths.append(visualize.save_figure(figure, os.path.join(output_dir, f'attention_{i}.png')))
-  figure = visualize.plot_predictions(inputs, logits, names, labels)
+  figure = visualize.plot_predictions(inputs, logits, names, labels, **stats)
   paths.append(visualize.save_figure(figure, os.path.join(output_dir, 'predictions.png')))
   return paths
 
