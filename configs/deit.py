@@ -19,6 +19,7 @@ def get_config(arg: str = 'DeiT-S_16,cifar10'):
   config.data.dataset = dataset
   config.data.image_size = 224
   config.data.train_crop = 'inception_crop'
+  config.data.eval_resize_ratio = 256 / 224  # DeiT's eval: resize to 256, the central 224.
   config.data.flip = True
   config.data.randaugment_layers = 2
   config.data.randaugment_magnitude = 9.0

@@ -234,6 +234,12 @@ def test_a_run_trained_with_imagenet_statistics_predicts_with_them(digits_run, t
       'model.patch_size': (4, 4), 'data.image_size': 8, 'trainer': 'predict',
       'predict.inputs': photo})
   main.run(mismatched, str(workdir))
-  assert (f'note: {workdir} was trained with config.data.pixel_mean=(0.485, 0.456, 0.406) and '
-          'pixel_std=(0.229, 0.224, 0.225), and this run normalizes its images with (0.5, 0.5, '
-          '0.5) and (0.5, 0.5, 0.5); to take the run') in capsys.readouterr().err
+  assert (f'note: --workdir={workdir} was trained with config.data.pixel_mean=(0.485, 0.456, '
+          '0.406) and pixel_std=(0.229, 0.224, 0.225); this run normalizes its images with (0.5, '
+          "0.5, 0.5) and (0.5, 0.5, 0.5): to take the run's, leave --config out, or set "
+          '--config.data.pixel_mean and pixel_std.\n') in capsys.readouterr().err
+  # Fine-tuning from that run's workdir with another config's statistics is said too.
+  main.run(override(mismatched, {'trainer': 'train', 'pretrained': str(workdir),
+                                 'total_steps': 1, 'eval_every': 0}), str(tmp_path / 'tuned'))
+  assert (f'note: config.pretrained={workdir} was trained with config.data.pixel_mean=(0.485, '
+          "0.456, 0.406)") in capsys.readouterr().err

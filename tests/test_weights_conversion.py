@@ -18,11 +18,16 @@ def test_cli_converts_both_ways(tmp_path, capsys):
     weights.save_npz(npz, _per_type_numbering(_flat(params)))  # Normalised on the way.
 
     assert convert.main([str(npz), str(timm_file)]) == 0
+    assert 'note:' not in capsys.readouterr().out
     assert convert.main([str(timm_file), str(back), '--model', name]) == 0
+    out = capsys.readouterr().out
+    assert f'Wrote {back}' in out
+    # Facebook's DeiT weights come from timm: the statistics they expect are said.
+    assert (("note: Facebook's DeiT weights expect ImageNet's pixel statistics" in out)
+            == name.startswith('DeiT')), out
 
     np.testing.assert_equal(weights.load_safetensors(timm_file), weights.to_timm(params))
     _assert_trees_equal(weights.load_npz(back), params)
-  assert 'Wrote' in capsys.readouterr().out
 
 
 def test_cli_refuses_existing_destination(tmp_path, capsys):

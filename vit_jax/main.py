@@ -69,6 +69,7 @@ def _train(config, workdir: str):
   # pylint: disable=g-import-not-at-top
   from vit_jax.train import loop, run_config, workdir_lock
   run_config.check_task(workdir, config.task)
+  run_config.note_other_pixel_statistics(config, config.get('pretrained'), 'config.pretrained')
   with workdir_lock.held(workdir):
     return loop.train(config, workdir, _task(config, workdir))
 

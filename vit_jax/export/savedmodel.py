@@ -1,8 +1,8 @@
 """TensorFlow SavedModel through jax2tf (native serialization: the StableHLO in an XlaCallModule).
 
 The weights are TF variables (OUT/variables), the metadata an asset (OUT/assets/metadata.json).
-One signature, `serving_default`: input `images` (float32 (B, S, S, C) in [-1, 1], or uint8
-(B, H, W, C) with `--preprocess`), outputs `logits` and `probabilities`, float32 (B, classes).
+One signature, `serving_default`: input `images` (float32 (B, S, S, C), normalized as
+metadata.json says, or uint8 (B, H, W, C) with `--preprocess`), outputs `logits` and `probabilities`, float32 (B, classes).
 
   model = tf.saved_model.load('OUT')
   outputs = model.signatures['serving_default'](images=images)

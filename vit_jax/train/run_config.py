@@ -4,8 +4,10 @@ import json
 
 import jax
 import ml_collections
+import numpy as np
 
 from vit_jax import errors, files, progress
+from vit_jax.data import normalization
 
 
 def config_path(workdir: str) -> str:
@@ -35,23 +37,28 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   return config_lib.from_saved(saved, path)
 
 
-def note_other_pixel_statistics(config: ml_collections.ConfigDict, workdir: str | None):
-  """A note on stderr when the run in `workdir` normalized its images otherwise than `config`
-  (a --config file beside --workdir), which costs a model its accuracy without an error."""
+def note_other_pixel_statistics(config: ml_collections.ConfigDict, workdir: str | None,
+                                role: str = '--workdir'):
+  """A note on stderr when the run in `workdir` (the --workdir, or config.pretrained) normalized
+  its images otherwise than `config` does, which costs a model accuracy without an error."""
   if not workdir or config.task != 'classification' or not files.exists(config_path(workdir)):
     return
   try:
     saved = json.loads(files.read_text(config_path(workdir))).get('data', {})
-  except (json.JSONDecodeError, AttributeError):
+    mean = tuple(saved.get('pixel_mean', normalization.INCEPTION_MEAN))
+    std = tuple(saved.get('pixel_std', normalization.INCEPTION_STD))
+    theirs = normalization.affine(mean, std, config.data.channels)
+  except (json.JSONDecodeError, AttributeError, TypeError, errors.ConfigError):
     return  # load_config says what is wrong with the file, if it is read.
-  ours = {key: tuple(config.data[key]) for key in ('pixel_mean', 'pixel_std')}
-  theirs = {key: tuple(saved.get(key, (0.5, 0.5, 0.5))) for key in ours}
-  if ours != theirs:
-    progress.note(
-        f"note: {workdir} was trained with config.data.pixel_mean={theirs['pixel_mean']} and "
-        f"pixel_std={theirs['pixel_std']}, and this run normalizes its images with "
-        f"{ours['pixel_mean']} and {ours['pixel_std']}; to take the run's, leave --config out "
-        'or set them.')
+  ours = normalization.of_config(config.data)
+  if all(np.array_equal(a, b) for a, b in zip(ours, theirs)):
+    return
+  advice = 'leave --config out, or set' if role == '--workdir' else 'set'
+  progress.note(
+      f'note: {role}={workdir} was trained with config.data.pixel_mean={mean} and pixel_std='
+      f'{std}; this run normalizes its images with {tuple(config.data.pixel_mean)} and '
+      f"{tuple(config.data.pixel_std)}: to take the run's, {advice} --config.data.pixel_mean and "
+      'pixel_std.')
 
 
 def check_task(workdir: str, task: str, role: str = '--workdir'):
