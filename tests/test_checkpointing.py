@@ -62,6 +62,15 @@ def test_a_corrupt_latest_checkpoint_is_set_aside_and_training_resumes(finished,
   out = subprocess.run([sys.executable, '-m', 'vit_jax.convert', str(workdir),
                         str(tmp_path / 'out.npz')], capture_output=True, text=True, cwd=REPO)
   assert 'cannot be read; --checkpoint-fallback takes the newest' in user_error(out.stderr)
+  export = [sys.executable, '-m', 'vit_jax.export', str(workdir), str(tmp_path / 'exported'),
+            '--format', 'stablehlo']
+  out = subprocess.run(export, capture_output=True, text=True, cwd=REPO)
+  assert 'cannot be read; --checkpoint-fallback takes the newest' in user_error(out.stderr)
+  assert not (tmp_path / 'exported').exists()
+  out = subprocess.run([*export, '--checkpoint-fallback'], capture_output=True, text=True,
+                       cwd=REPO)
+  assert out.returncode == 0, out.stderr
+  assert 'at step 6' in json.loads((tmp_path / 'exported' / 'metadata.json').read_text())['source']
 
   # Training sets the broken one aside, resumes from step 6, and ends as if nothing happened.
   out = run_main(workdir)

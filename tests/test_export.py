@@ -334,6 +334,10 @@ def test_ema_of_a_run_without_one_and_a_npz_without_model_are_one_line(sources, 
   assert 'EMA' in line
   line = _cli_error(capsys, [sources['npz'][0], str(out), '--format', 'stablehlo'])
   assert 'give --model' in line
+  line = _cli_error(capsys, [sources['npz'][0], str(out), '--format', 'stablehlo', '--model',
+                             'ViT-testing', '--checkpoint-fallback'])
+  assert line.endswith('is a .npz, which holds one set of weights: leave --checkpoint-fallback '
+                       'out.'), line
   assert not out.exists()
 
 

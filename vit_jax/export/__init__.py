@@ -2,7 +2,7 @@
 
   python -m vit_jax.export SOURCE OUT --format stablehlo|savedmodel|onnx [--model NAME]
       [--ema] [--batch-size N] [--dtype float32|bfloat16] [--preprocess] [--image-size S]
-      [--pixel-mean M] [--pixel-std S] [--overwrite]
+      [--pixel-mean M] [--pixel-std S] [--checkpoint-fallback] [--overwrite]
 
 SOURCE is a classification workdir (its latest checkpoint) or a published-layout .npz (with
 --model). OUT is a directory: the artifact (`stablehlo`, `savedmodel`, `onnx` modules say
@@ -64,7 +64,8 @@ def _is_export(path: str) -> bool:
 def export(source: str, out: str, export_format: str, *, model_name: str | None = None,
            ema: bool = False, batch_size: int | None = None, dtype: str = 'float32',
            preprocess: bool = False, image_size: int | None = None,
-           overwrite: bool = False, pixel_mean=None, pixel_std=None) -> dict:
+           overwrite: bool = False, pixel_mean=None, pixel_std=None,
+           fall_back: bool = False) -> dict:
   """Writes the classifier in SOURCE to the directory OUT as `export_format`; returns the
   metadata written to OUT/metadata.json. A translation workdir exports its greedy translation
   (`vit_jax.export.translation`)."""
@@ -73,7 +74,7 @@ def export(source: str, out: str, export_format: str, *, model_name: str | None 
     translation.check_arguments(export_format, model_name, preprocess, image_size, pixel_mean,
                                 pixel_std)
     check_arguments(out, export_format, batch_size, dtype, overwrite)
-    model = translation.Translation(source, ema, dtype)
+    model = translation.Translation(source, ema, dtype, fall_back)
     progress.log(f'Exporting greedy translation of {model.config.model.name} ({dtype}) from '
                  f'{model.source} as {export_format}.')
     metadata = model.metadata(export_format, batch_size)
@@ -81,7 +82,8 @@ def export(source: str, out: str, export_format: str, *, model_name: str | None 
         staging, model, export_format, batch_size, metadata), metadata)
   check_arguments(out, export_format, batch_size, dtype, overwrite)
   exportable = source_lib.load(source, model_name=model_name, ema=ema, image_size=image_size,
-                               dtype=dtype, pixel_mean=pixel_mean, pixel_std=pixel_std)
+                               dtype=dtype, pixel_mean=pixel_mean, pixel_std=pixel_std,
+                               fall_back=fall_back)
   progress.log(f'Exporting {exportable.model_name} ({len(exportable.class_names)} classes, '
                f'{exportable.image_size}x{exportable.image_size}, {dtype}) from '
                f'{exportable.source} as {export_format}.')

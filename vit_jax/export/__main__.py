@@ -46,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--pixel-std', type=_floats, metavar='S[,S,S]',
                       help="a .npz SOURCE: the pixel standard deviation (default 0.5; DeiT's: "
                       '0.229,0.224,0.225)')
+  parser.add_argument('--checkpoint-fallback', action='store_true',
+                      help="a workdir SOURCE whose latest checkpoint cannot be read: export its "
+                      'newest readable one')
   parser.add_argument('--overwrite', action='store_true',
                       help='replace an earlier export at OUT (nothing else)')
   args = parser.parse_args(argv)
@@ -53,9 +56,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     export(args.source, args.out, args.export_format, model_name=args.model, ema=args.ema,
            batch_size=args.batch_size, dtype=args.dtype, preprocess=args.preprocess,
            image_size=args.image_size, overwrite=args.overwrite, pixel_mean=args.pixel_mean,
-           pixel_std=args.pixel_std)
+           pixel_std=args.pixel_std, fall_back=args.checkpoint_fallback)
   except errors.UserError as e:
-    print(f'error: {e}', file=sys.stderr)
+    # The checkpoint readers name the trainer's flag; this program's is --checkpoint-fallback.
+    message = str(e).replace('--config.checkpoint_fallback=True', '--checkpoint-fallback')
+    print(f'error: {message}', file=sys.stderr)
     return 1
   print(f'Wrote {args.out}')
   return 0

@@ -93,7 +93,7 @@ def _statistics(mean, std, channels: int, where: str, flags: bool = False) -> tu
 
 
 def _from_workdir(workdir: str, model_name: str | None, ema: bool, image_size: int | None,
-                  dtype: str, pixel_stats_given: bool) -> Exportable:
+                  dtype: str, pixel_stats_given: bool, fall_back: bool) -> Exportable:
   run_config.check_task(workdir, 'classification', 'SOURCE')
   config = run_config.load_config(workdir)
   if model_name is not None and model_name != config.model.name:
@@ -107,7 +107,7 @@ def _from_workdir(workdir: str, model_name: str | None, ema: bool, image_size: i
         'out.')
   mean, std = _statistics(config.data.pixel_mean, config.data.pixel_std, config.data.channels,
                           f'{run_config.config_path(workdir)}: data.')
-  params, step = checkpointing.restore_params(workdir, ema=ema)
+  params, step = checkpointing.restore_params(workdir, fall_back, ema=ema)
   flat = weights.canonicalize(params)
   fields = {key: value for key, value in config.model.items() if key != 'name'}
   what = f'{workdir} at step {step}' + (' (EMA weights)' if ema else '')
@@ -121,13 +121,14 @@ def _from_workdir(workdir: str, model_name: str | None, ema: bool, image_size: i
 
 
 def _from_npz(path: str, model_name: str | None, ema: bool, image_size: int | None,
-              dtype: str, pixel_mean, pixel_std) -> Exportable:
+              dtype: str, pixel_mean, pixel_std, fall_back: bool) -> Exportable:
   if model_name is None:
     raise errors.ConfigError(f'Exporting the .npz {path} needs the model it holds: give --model '
                              '(e.g. --model ViT-B_16).')
-  if ema:
-    raise errors.ConfigError(f'--ema reads the EMA weights of a workdir; {path} is a .npz, which '
-                             'holds one set of weights: leave --ema out.')
+  for flag, given in (('--ema', ema), ('--checkpoint-fallback', fall_back)):
+    if given:
+      raise errors.ConfigError(f'{flag} reads the checkpoints of a workdir; {path} is a .npz, '
+                               f'which holds one set of weights: leave {flag} out.')
   mean, std = _statistics(normalization.INCEPTION_MEAN if pixel_mean is None else pixel_mean,
                           normalization.INCEPTION_STD if pixel_std is None else pixel_std, 3,
                           '', flags=True)
@@ -146,21 +147,23 @@ def _names(names, num_classes: int) -> list[str]:
 
 def load(source: str, *, model_name: str | None = None, ema: bool = False,
          image_size: int | None = None, dtype: str = 'float32', pixel_mean=None,
-         pixel_std=None) -> Exportable:
+         pixel_std=None, fall_back: bool = False) -> Exportable:
   """The classifier in `source`: a classification workdir (its latest checkpoint) or a
   published-layout .npz (with `model_name`), at `image_size` (default: its own).
 
   `pixel_mean` and `pixel_std` (fractions of 255, per channel or one for all) are a .npz's
   input statistics, by default 0.5 and 0.5 (Google's ViT: inputs in [-1, 1]); a workdir's
-  come from its config.json.
+  come from its config.json. `fall_back`: a workdir whose latest checkpoint cannot be read
+  gives its newest readable one.
   """
   if dtype not in DTYPES:
     raise errors.ConfigError(f'--dtype={dtype!r} is not one of {", ".join(DTYPES)}.')
   if files.isdir(source):
     return _from_workdir(source, model_name, ema, image_size, dtype,
-                         pixel_mean is not None or pixel_std is not None)
+                         pixel_mean is not None or pixel_std is not None, fall_back)
   if source.endswith('.npz'):
-    return _from_npz(source, model_name, ema, image_size, dtype, pixel_mean, pixel_std)
+    return _from_npz(source, model_name, ema, image_size, dtype, pixel_mean, pixel_std,
+                     fall_back)
   if not files.exists(source):
     raise errors.MissingFileError(f'SOURCE {source} does not exist; give a workdir or a .npz.')
   raise errors.ConfigError(f'SOURCE {source} is neither a workdir nor a .npz checkpoint.')

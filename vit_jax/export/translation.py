@@ -32,7 +32,7 @@ def is_translation_workdir(source: str) -> bool:
 class Translation:
   """A translation workdir's model, weights, tokenizer and lengths, ready to export."""
 
-  def __init__(self, workdir: str, ema: bool, dtype: str):
+  def __init__(self, workdir: str, ema: bool, dtype: str, fall_back: bool = False):
     config = run_config.load_config(workdir)
     self.config = config
     self.tokenizer = vocabulary.load_tokenizer(config.data, workdir)
@@ -41,7 +41,7 @@ class Translation:
     model_config.attention_impl = 'plain'  # Portable: einsums and a softmax.
     model_config.dtype = dtype
     self.model = config_lib.build_model(model_config, vocab_size=self.tokenizer.vocab_size)
-    self.params, step = checkpointing.restore_params(workdir, ema=ema)
+    self.params, step = checkpointing.restore_params(workdir, fall_back, ema=ema)
     self.input_length = config.data.eval_max_length or config.data.max_length
     self.output_length = config.max_decode_length or self.input_length
     self.source = f'{workdir} at step {step}' + (' (EMA weights)' if ema else '')
