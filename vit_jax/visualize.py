@@ -194,16 +194,14 @@ def _pyplot():
 def _displayable(image: np.ndarray, pixel_mean=0.5, pixel_std=0.5) -> np.ndarray:
   """A model input (H, W, C), normalized with pixel_mean and pixel_std (0.5, 0.5: [-1, 1]),
   -> [0, 1] for imshow; one channel -> (H, W)."""
-  image = np.asarray(image, np.float32)
-  scale, offset = normalization.affine(pixel_mean, pixel_std, image.shape[-1], where='')
+  scale, offset = normalization.affine(pixel_mean, pixel_std, np.shape(image)[-1], where='')
   image = np.clip(normalization.to_unit_interval(image, scale, offset), 0, 1)
   return image[..., 0] if image.shape[-1] == 1 else image
 
 
 def _overlay(ax, image: np.ndarray, heat: np.ndarray, title: str, vmax: float,
              cmap: str = 'inferno'):
-  """Draws `image` (ready for imshow) with `heat` (rows, cols) stretched over it, half
-  transparent."""
+  """Draws `image` (ready for imshow) with `heat` (rows, cols) over it, half transparent."""
   height, width = image.shape[:2]
   ax.imshow(image, cmap='gray', extent=(0, width, height, 0))
   mappable = ax.imshow(heat, cmap=cmap, alpha=0.6, vmin=0, vmax=vmax,
@@ -277,11 +275,8 @@ def top_k(logits: np.ndarray, k: int = 5) -> tuple[np.ndarray, np.ndarray]:
 def plot_predictions(images: np.ndarray, logits: np.ndarray, class_names: Sequence[str] = (),
                      labels: Sequence[int] | None = None, k: int = 5, pixel_mean=0.5,
                      pixel_std=0.5):
-  """Each image beside a bar chart of its top-`k` classes and their probabilities.
-
-  `images` are model inputs, normalized with `pixel_mean` and `pixel_std` (as in
-  `plot_attention_maps`).
-  """
+  """Each image (model inputs, normalized as `plot_attention_maps` says) beside a bar chart of
+  its top-`k` classes and their probabilities."""
   plt = _pyplot()
   ids, probs = top_k(logits, min(k, logits.shape[-1]))
   names = list(class_names) or [str(i) for i in range(logits.shape[-1])]
