@@ -55,8 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   print(f'Wrote {args.dst}')
   if weights.file_format(args.src) == 'safetensors' and (args.model or '').startswith('DeiT'):
     print("note: Facebook's DeiT weights expect ImageNet's pixel statistics: train with "
-          'configs/deit.py (which sets them) or --config.data.pixel_mean=(0.485,0.456,0.406) '
-          '--config.data.pixel_std=(0.229,0.224,0.225); export a .npz with --pixel-mean '
+          "configs/deit.py (which sets them) or --config.data.pixel_mean='(0.485,0.456,0.406)' "
+          "--config.data.pixel_std='(0.229,0.224,0.225)'; export a .npz with --pixel-mean "
           '0.485,0.456,0.406 --pixel-std 0.229,0.224,0.225.')
   return 0
 
