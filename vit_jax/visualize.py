@@ -192,8 +192,7 @@ def _pyplot():
 
 
 def _displayable(image: np.ndarray, pixel_mean=0.5, pixel_std=0.5) -> np.ndarray:
-  """A model input (H, W, C), normalized with pixel_mean and pixel_std (0.5, 0.5: [-1, 1]),
-  -> [0, 1] for imshow; one channel -> (H, W)."""
+  """A model input (H, W, C), normalized as its pixel statistics say, -> [0, 1] (H, W[, C])."""
   scale, offset = normalization.affine(pixel_mean, pixel_std, np.shape(image)[-1], where='')
   image = np.clip(normalization.to_unit_interval(image, scale, offset), 0, 1)
   return image[..., 0] if image.shape[-1] == 1 else image
@@ -219,8 +218,8 @@ def plot_attention_maps(image: np.ndarray, head_maps: np.ndarray,
   """The input, each head's class-token attention over it, and the rollout.
 
   Args:
-    image: a model input (H, W, C), normalized with `pixel_mean` and `pixel_std` (fractions of
-      255, per channel or one for all; the data config's, 0.5 and 0.5 for inputs in [-1, 1]).
+    image: a model input (H, W, C), normalized with `pixel_mean` and `pixel_std` (the data
+      config's; fractions of 255, per channel or one for all; 0.5 and 0.5: inputs in [-1, 1]).
     head_maps: (N, rows, cols) from `class_token_maps`.
     rollout_map: (rows, cols) from `rollout_maps`, or None.
     layer: the layer of `head_maps`, for the titles.

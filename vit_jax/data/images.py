@@ -97,7 +97,7 @@ def _checked_config(config) -> ml_collections.ConfigDict:
   check.require_int('shuffle_buffer', 0)
   check.require_int('prefetch', -1, '-1 (AUTOTUNE) or >= 0')
   config = check.result()
-  if config.cutmix_prob != 0.5 and not (config.mixup_alpha > 0 and config.cutmix_alpha > 0):
+  if config.cutmix_prob != default_config().cutmix_prob and not (config.mixup_alpha > 0 and config.cutmix_alpha > 0):
     raise errors.ConfigError(
         f'config.data.cutmix_prob={config.cutmix_prob} chooses between mixup and CutMix, but '
         f'mixup_alpha={config.mixup_alpha} and cutmix_alpha={config.cutmix_alpha}: set both '

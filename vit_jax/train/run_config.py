@@ -44,12 +44,11 @@ def note_other_pixel_statistics(config: ml_collections.ConfigDict, workdir: str 
   if not workdir or config.task != 'classification' or not files.exists(config_path(workdir)):
     return
   try:
-    saved = json.loads(files.read_text(config_path(workdir))).get('data', {})
-    mean = tuple(saved.get('pixel_mean', normalization.INCEPTION_MEAN))
-    std = tuple(saved.get('pixel_std', normalization.INCEPTION_STD))
+    saved = load_config(workdir).data
+    mean, std = tuple(saved.pixel_mean), tuple(saved.pixel_std)
     theirs = normalization.affine(mean, std, config.data.channels)
-  except (json.JSONDecodeError, AttributeError, TypeError, errors.ConfigError):
-    return  # load_config says what is wrong with the file, if it is read.
+  except errors.UserError:
+    return  # The mode that reads the file says what is wrong with it.
   ours = normalization.of_config(config.data)
   if all(np.array_equal(a, b) for a, b in zip(ours, theirs)):
     return
