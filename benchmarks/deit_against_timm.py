@@ -6,7 +6,8 @@
 No download: timm builds the model with a seeded random init (its head scaled so that the
 classes differ), saves its state_dict as .safetensors; `python -m vit_jax.convert` turns it
 into a .npz, and `python -m vit_jax.main --config=configs/deit.py --config.trainer=predict`
-predicts 8 smooth 224x224 pictures, which timm predicts through its own eval transform
+predicts 8 pictures of ImageNet's usual shapes (500x375, 375x500, 500x333, ..., one
+square), which timm predicts through its own eval transform
 (`resolve_data_config`, `create_transform`). Printed per setting: the largest difference of
 the class probabilities (the mean of the two heads, as both report) and the top-1 agreement.
 """
@@ -22,23 +23,31 @@ import numpy as np
 from PIL import Image
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMM_CROP = ['--config.data.eval_resize_ratio=1.1071429']  # 248 / 224: timm's crop_pct 0.9.
 OURS = {  # vit_jax settings compared, as command-line overrides of configs/deit.py.
-    'configs/deit.py (ImageNet statistics, resize 256, central 224)': [],
-    "  with timm's crop_pct 0.9 (eval_resize_ratio=1/0.9)": [
-        '--config.data.eval_resize_ratio=1.1111111'],
-    '  with the ViT default statistics (inputs in [-1, 1])': [
-        '--config.data.pixel_mean=(0.5,)', '--config.data.pixel_std=(0.5,)'],
+    "configs/deit.py at timm's crop (resize 248, as floor(224 / 0.9), central 224)": TIMM_CROP,
+    '  but bilinear (eval_interpolation=bilinear)': [
+        *TIMM_CROP, '--config.data.eval_interpolation=bilinear'],
+    '  but square (eval_resize=square)': [*TIMM_CROP, '--config.data.eval_resize=square'],
+    "  but the ViT default statistics (inputs in [-1, 1])": [
+        *TIMM_CROP, '--config.data.pixel_mean=(0.5,)', '--config.data.pixel_std=(0.5,)'],
+    "configs/deit.py as it is (DeiT's own crop: resize 256, central 224)": [],
 }
 
 
-def _pictures(directory: str, count: int) -> list[str]:
-  """Smooth 224x224 RGB pictures: 8x8 random colours, bicubic upsampled."""
+SHAPES = [(500, 375), (375, 500), (500, 333), (333, 500), (640, 480), (480, 640), (300, 224),
+          (224, 224)]  # (width, height)
+
+
+def _pictures(directory: str) -> list[str]:
+  """RGB pictures of SHAPES: random colours, 8x8 (smooth) or 48x48 (detailed), upsampled."""
   rng = np.random.default_rng(0)
   paths = []
-  for i in range(count):
-    small = Image.fromarray(rng.integers(0, 256, (8, 8, 3), dtype=np.uint8))
+  for i, shape in enumerate(SHAPES):
+    side = 8 if i % 2 else 48
+    small = Image.fromarray(rng.integers(0, 256, (side, side, 3), dtype=np.uint8))
     paths.append(os.path.join(directory, f'picture_{i}.png'))
-    small.resize((224, 224), Image.BICUBIC).save(paths[-1])
+    small.resize(shape, Image.BICUBIC).save(paths[-1])
   return paths
 
 
@@ -73,7 +82,7 @@ def main():
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, state)
     npz = os.path.join(directory, 'deit.npz')
     _run('-m', 'vit_jax.convert', state, npz, '--model', args.ours)
-    paths = _pictures(directory, 8)
+    paths = _pictures(directory)
     with torch.no_grad():
       images = torch.stack([transform(Image.open(path).convert('RGB')) for path in paths])
       logits = model(images)  # Eval mode: the mean of the two heads.

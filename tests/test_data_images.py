@@ -103,6 +103,25 @@ def test_eval_resize_ratio_takes_the_central_window(digits):
   np.testing.assert_array_equal(center, full[:, 2:6, 2:6, :])
 
 
+def test_shorter_side_eval_keeps_the_aspect_ratio_and_takes_the_central_window():
+  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  pixels = np.random.default_rng(0).integers(0, 256, (2, 10, 24, 3), np.uint8)
+
+  def crop(batch, size, how='shorter_side'):
+    return preprocess.resize_center_crop(tf.constant(batch), size, 1.25, how).numpy()
+
+  # The shorter side 10 is already 8 * 1.25: no resampling, the central 8 of 10 rows and of 24
+  # columns.
+  np.testing.assert_array_equal(crop(pixels, 8), pixels[:, 1:9, 8:16])
+  np.testing.assert_array_equal(crop(pixels.transpose(0, 2, 1, 3), 8),
+                                pixels[:, 1:9, 8:16].transpose(0, 2, 1, 3))
+  # Halved: 5x12 (12 = floor(5 * 24 / 10)), the central 4x4 at rows 0..4, columns 4..8.
+  resized = tf.image.resize(pixels, (5, 12), antialias=True).numpy()
+  np.testing.assert_array_equal(crop(pixels, 4), np.round(resized[:, 0:4, 4:8]))
+  # 'square' squeezes the 10x24 pictures to 10x10 instead.
+  assert np.abs(crop(pixels, 8, 'square').astype(int) - crop(pixels, 8)).max() > 64
+
+
 def test_train_batches_shape_range_and_reproducibility(digits):
   def first_batches(seed):
     iterator = digits.train_batches(batch_size=32, seed=seed)
@@ -468,6 +487,9 @@ def test_config_mistakes_are_named():
     images.build({'image_sise': 8}, process_index=0, process_count=1)
   with pytest.raises(ValueError, match="train_crop='center'"):
     images.build(_config(train_crop='center'), process_index=0, process_count=1)
+  with pytest.raises(ValueError, match=r"eval_resize='shorter' \(expected one of \('square', "
+                                       r"'shorter_side'\)\)"):
+    images.build(_config(eval_resize='shorter'), process_index=0, process_count=1)
   with pytest.raises(ValueError, match="only has splits 'train'"):
     images.build(_config(test_split='validation'), process_index=0, process_count=1)
   with pytest.raises(ValueError, match=r'process_index=2 must be in \[0, process_count=2\)'):

@@ -213,6 +213,40 @@ def test_a_workdir_trained_with_imagenet_statistics_exports_them(sources, image_
                   'leave them out.')
 
 
+@pytest.mark.parametrize('export_format', ['stablehlo', 'onnx'])
+def test_a_workdir_with_deits_eval_resize_exports_it(sources, image_files, export_format,
+                                                     tmp_path):
+  # DeiT's eval: the shorter side resized to 10, the aspect ratio kept, bicubic; the central 8x8.
+  if export_format == 'onnx':
+    pytest.importorskip('jax2onnx')
+  workdir, model, params, _ = sources['ViT-testing']
+  deit = str(tmp_path / 'deit')
+  shutil.copytree(workdir, deit)
+  saved = json.loads(open(run_config.config_path(deit), encoding='utf-8').read())
+  saved['data'].update(eval_resize='shorter_side', eval_interpolation='bicubic')
+  with open(run_config.config_path(deit), 'w', encoding='utf-8') as f:
+    json.dump(saved, f)
+  tall = str(tmp_path / 'tall.png')  # The 13x21 picture on its side: 21x13.
+  Image.fromarray(np.asarray(Image.open(image_files[0])).transpose(1, 0, 2)).save(tall)
+  pictures = [*image_files, tall]
+  _, want = prediction.predict_files(model, params, pictures,
+                                     run_config.load_config(deit).data, batch_size=1)
+  _, square = prediction.predict_files(model, params, pictures,
+                                       run_config.load_config(workdir).data, batch_size=1)
+  assert np.abs(want - square).max(axis=1).min() > 1e-3  # Each picture resizes otherwise.
+  out = str(tmp_path / 'out')
+  export.export(deit, out, export_format, preprocess=True)
+  for path, expected in zip(pictures, want):
+    pixels = np.asarray(Image.open(path))[None]
+    got = _run(out, export_format, pixels)['probabilities'][0]
+    print(f'{export_format} --preprocess shorter_side bicubic {pixels.shape[1]}x'
+          f'{pixels.shape[2]}: max |probabilities - predict| {np.abs(got - expected).max():.1e}')
+    np.testing.assert_allclose(got, expected, atol=PREPROCESS_TOLERANCE)
+  metadata = json.loads((tmp_path / 'out' / 'metadata.json').read_text())
+  assert (metadata['eval_resize'], metadata['eval_interpolation'],
+          metadata['eval_resize_ratio']) == ('shorter_side', 'bicubic', EVAL_RESIZE_RATIO)
+
+
 def _cli_subprocess_error(argv) -> str:
   result = subprocess.run([sys.executable, '-m', 'vit_jax.export', *argv], cwd=REPO,
                           capture_output=True, text=True, check=False)

@@ -23,6 +23,8 @@ from vit_jax.data import checks, hosts, normalization, synthetic
 
 _AUTOTUNE = -1  # tf.data.AUTOTUNE, spelled out so that building a config needs no TensorFlow.
 TRAIN_CROPS = ('inception_crop', 'resize_random_crop', 'pad_random_crop', 'resize')
+EVAL_RESIZES = ('square', 'shorter_side')
+EVAL_INTERPOLATIONS = ('bilinear', 'bicubic')
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -54,6 +56,11 @@ def default_config() -> ml_collections.ConfigDict:
   config.resize_ratio = 1.14  # resize_random_crop: resize to image_size * ratio, then crop.
   config.crop_padding = 1  # pad_random_crop: zero pixels added per side before cropping back.
   config.eval_resize_ratio = 1.0  # Eval: resize to image_size * ratio, keep the central crop.
+  # Eval resize: 'square' (both sides, aspect ratio not kept: Google's ViT) or 'shorter_side'
+  # (aspect ratio kept: timm, DeiT, torchvision's Resize).
+  config.eval_resize = 'square'
+  # Eval resize kernel, antialiased: 'bilinear' (Google's ViT) or 'bicubic' (timm, DeiT).
+  config.eval_interpolation = 'bilinear'
   config.flip = False  # Random horizontal flips in training (off: mirrored digits are no digits).
   config.randaugment_layers = 0  # RandAugment ops per image; 0 disables (2 is usual).
   config.randaugment_magnitude = 0.0  # RandAugment strength, 0..10 scale (up to 30); 0 disables.
@@ -87,6 +94,9 @@ def _checked_config(config) -> ml_collections.ConfigDict:
   check.require(0 < c.inception_crop_min_area <= 1, 'inception_crop_min_area', 'in (0, 1]')
   check.require(c.resize_ratio >= 1, 'resize_ratio', '>= 1')
   check.require(c.eval_resize_ratio >= 1, 'eval_resize_ratio', '>= 1')
+  check.require(c.eval_resize in EVAL_RESIZES, 'eval_resize', f'one of {EVAL_RESIZES}')
+  check.require(c.eval_interpolation in EVAL_INTERPOLATIONS, 'eval_interpolation',
+                f'one of {EVAL_INTERPOLATIONS}')
   check.require_int('crop_padding', 0)
   check.require_int('randaugment_layers', 0)
   check.require(0 <= c.randaugment_magnitude <= 30, 'randaugment_magnitude', 'in [0, 30]')
@@ -225,7 +235,7 @@ def load_files(paths: list[str], config=None) -> np.ndarray:
   """Image files (PNG, JPEG, GIF or BMP, any size) -> model inputs like test images.
 
   Returns float32 (B, H, W, C), normalized. `config` is a data config (or dict); only
-  image_size, channels, eval_resize_ratio, pixel_mean and pixel_std matter. Paths may be on
+  image_size, channels, the eval_* fields, pixel_mean and pixel_std matter. Paths may be on
   any filesystem tf.io.gfile reaches.
 
   Raises:

@@ -2,8 +2,9 @@
 
 Functions work on batches of uint8 images (B, H, W, C) and draw independent randomness for each
 example, so a batch of images of one size is preprocessed in a few vectorized ops; images of
-varying sizes go through one at a time as batches of one. Resizes are square (the aspect ratio
-is not kept), bilinear, antialiased. Random functions take a stateless seed, an int32/int64 tensor
+varying sizes go through one at a time as batches of one. Resizes are antialiased, bilinear
+(eval's may be bicubic); square (the aspect ratio not kept) except the eval resize
+`shorter_side`. Random functions take a stateless seed, an int32/int64 tensor
 of shape (2,): the same seed gives the same output, which makes training batches reproducible.
 """
 
@@ -44,11 +45,14 @@ def to_channels(images, channels: int):
   return tf.ensure_shape(converted, images.shape[:-1].concatenate([channels]))
 
 
-def resize(images, size: int):
-  """Resizes uint8 (..., H, W, C) to (..., size, size, C); a no-op when the size already matches."""
+def resize(images, size: int, method: str = 'bilinear'):
+  """Resizes uint8 (..., H, W, C) to (..., size, size, C); a no-op when the size already matches.
+
+  `method`: 'bilinear' or 'bicubic' (Keys' kernel, a = -0.5, as PIL's), both antialiased.
+  """
   if tuple(images.shape[-3:-1]) == (size, size):
     return images
-  return augment.to_uint8(tf.image.resize(images, (size, size), method='bilinear', antialias=True))
+  return augment.to_uint8(tf.image.resize(images, (size, size), method=method, antialias=True))
 
 
 def _uniform(shape, seed):
@@ -156,12 +160,35 @@ def random_flip(images, seed):
   return tf.where(flip[:, None, None, None], tf.reverse(images, axis=[2]), images)
 
 
-def resize_center_crop(images, size: int, resize_ratio: float):
-  """Resizes to round(size * resize_ratio) square, then takes the central (size, size) window."""
+def resize_shorter_side(images, size: int, method: str = 'bilinear'):
+  """Resizes uint8 (..., H, W, C) to a shorter side of `size`, keeping the aspect ratio.
+
+  The longer side becomes floor(size * longer / shorter), as torchvision's Resize(size).
+  """
+  height, width = tf.unstack(tf.shape(images)[-3:-1])
+  shorter = tf.minimum(height, width)
+  resized = tf.stack([size * height // shorter, size * width // shorter])
+  return augment.to_uint8(tf.image.resize(images, resized, method=method, antialias=True))
+
+
+def resize_center_crop(images, size: int, resize_ratio: float, how: str = 'square',
+                       method: str = 'bilinear'):
+  """Resizes to round(size * resize_ratio), then takes the central (size, size) window.
+
+  `how`: 'square' resizes both sides to it; 'shorter_side' the shorter one, keeping the
+  aspect ratio (the window's offsets round down). `method`: as `resize`'s.
+  """
   resized_size = max(size, round(size * resize_ratio))
-  images = resize(images, resized_size)
-  offset = (resized_size - size) // 2
-  return images[..., offset:offset + size, offset:offset + size, :]
+  if how == 'square':
+    images = resize(images, resized_size, method)
+    top = left = (resized_size - size) // 2
+  elif how == 'shorter_side':
+    images = resize_shorter_side(images, resized_size, method)
+    height, width = tf.unstack(tf.shape(images)[-3:-1])
+    top, left = (height - size) // 2, (width - size) // 2
+  else:
+    raise ValueError(f'Eval resize {how!r} is neither square nor shorter_side.')
+  return images[..., top:top + size, left:left + size, :]
 
 
 def normalize(images, config: ml_collections.ConfigDict):
@@ -252,7 +279,8 @@ def eval_images(images, config: ml_collections.ConfigDict):
   Returns float32 (..., image_size, image_size, channels), normalized (`normalize`).
   """
   images = to_channels(images, config.channels)
-  images = resize_center_crop(images, config.image_size, config.eval_resize_ratio)
+  images = resize_center_crop(images, config.image_size, config.eval_resize_ratio,
+                              config.eval_resize, config.eval_interpolation)
   size = config.image_size
   images = tf.ensure_shape(images, images.shape[:-3].concatenate([size, size, config.channels]))
   return normalize(images, config)

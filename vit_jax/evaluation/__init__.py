@@ -68,7 +68,7 @@ def build(names: tuple[str, ...], data_config, fewshot_config, num_classes: int,
 
   Args:
     names: which evaluations, each at most once.
-    data_config: the run's data config (or dict): image_size, channels, eval_resize_ratio, the
+    data_config: the run's data config (or dict): image_size, channels, the eval_* fields, the
       tfds_* fields, cache and prefetch apply to these datasets as to the test split.
     fewshot_config: settings of 'fewshot' (see fewshot_config; None: its defaults).
     num_classes: the model's classes; the ImageNet variants need 1000.

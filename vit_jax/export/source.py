@@ -32,6 +32,8 @@ class Exportable:
   image_size: int
   channels: int
   eval_resize_ratio: float
+  eval_resize: str  # 'square' or 'shorter_side' (config.data.eval_resize).
+  eval_interpolation: str  # 'bilinear' or 'bicubic' (config.data.eval_interpolation).
   pixel_mean: tuple[float, ...]  # Per channel, fractions of 255 (config.data.pixel_mean).
   pixel_std: tuple[float, ...]
   class_names: list[str]
@@ -54,6 +56,7 @@ class Exportable:
                for name in ('logits', 'probabilities')]
     return {'format': export_format, 'model': self.model_name, 'image_size': self.image_size,
             'channels': self.channels, 'eval_resize_ratio': self.eval_resize_ratio,
+            'eval_resize': self.eval_resize, 'eval_interpolation': self.eval_interpolation,
             'pixel_mean': list(self.pixel_mean), 'pixel_std': list(self.pixel_std),
             'preprocess': preprocess, 'dtype': self.dtype, 'inputs': [images],
             'outputs': outputs, 'class_names': self.class_names, 'source': self.source,
@@ -116,8 +119,9 @@ def _from_workdir(workdir: str, model_name: str | None, ema: bool, image_size: i
                                    config.data.channels, dtype)
   names = class_names_lib.load(workdir) or class_names_lib.for_dataset(config.data)
   return Exportable(model, params, config.model.name, image_size, config.data.channels,
-                    config.data.eval_resize_ratio, mean, std, _names(names, model.num_classes),
-                    what, dtype)
+                    config.data.eval_resize_ratio, config.data.eval_resize,
+                    config.data.eval_interpolation, mean, std,
+                    _names(names, model.num_classes), what, dtype)
 
 
 def _from_npz(path: str, model_name: str | None, ema: bool, image_size: int | None,
@@ -135,7 +139,7 @@ def _from_npz(path: str, model_name: str | None, ema: bool, image_size: int | No
   flat = weights.canonicalize(weights.load_npz(path))
   model, params, image_size = _fit(model_name, {}, flat, path, image_size, 3, dtype)
   names = class_names_lib.imagenet2012() if model.num_classes == 1000 else None
-  return Exportable(model, params, model_name, image_size, 3, 1.0, mean, std,
+  return Exportable(model, params, model_name, image_size, 3, 1.0, 'square', 'bilinear', mean, std,
                     _names(names, model.num_classes), path, dtype)
 
 
@@ -183,7 +187,8 @@ def serving_function(exportable: Exportable, preprocess: bool):
   def serve(params, images):
     if preprocess:
       images = preprocessing.eval_images(images, exportable.image_size,
-                                         exportable.eval_resize_ratio, scale, offset)
+                                         exportable.eval_resize_ratio, scale, offset,
+                                         exportable.eval_resize, exportable.eval_interpolation)
     logits = model.apply({'params': params}, images, train=False).astype(jnp.float32)
     return {'logits': logits, 'probabilities': jax.nn.softmax(logits, axis=-1)}
 
