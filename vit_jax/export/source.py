@@ -139,8 +139,9 @@ def _from_npz(path: str, model_name: str | None, ema: bool, image_size: int | No
   flat = weights.canonicalize(weights.load_npz(path))
   model, params, image_size = _fit(model_name, {}, flat, path, image_size, 3, dtype)
   names = class_names_lib.imagenet2012() if model.num_classes == 1000 else None
-  return Exportable(model, params, model_name, image_size, 3, 1.0, 'square', 'bilinear', mean, std,
-                    _names(names, model.num_classes), path, dtype)
+  # A published .npz: Google's ViT eval, a square bilinear resize to the model's size.
+  return Exportable(model, params, model_name, image_size, 3, 1.0, 'square', 'bilinear', mean,
+                    std, _names(names, model.num_classes), path, dtype)
 
 
 def _names(names, num_classes: int) -> list[str]:
