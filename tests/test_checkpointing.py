@@ -260,6 +260,16 @@ def test_a_reader_takes_the_newer_checkpoint_when_training_removes_the_one_it_re
   assert step == 4 and float(params['dense']['kernel'][0, 0]) == 4
 
 
+def test_a_config_mistake_found_at_start_leaves_no_new_workdir_behind(tmp_path):
+  new, existing = tmp_path / 'new', tmp_path / 'existing'
+  existing.mkdir()
+  for workdir in (new, existing):
+    out = run_main(workdir, '--config.data.cutmix_prob=0.3')
+    assert user_error(out.stderr).startswith('error: config.data.cutmix_prob=0.3 chooses')
+  assert not new.exists()
+  assert existing.is_dir()  # The user's own directory stays, with the lock file.
+
+
 def test_a_second_run_in_a_workdir_in_use_stops_in_one_line(tmp_path):
   import fcntl  # pylint: disable=g-import-not-at-top
   workdir = tmp_path / 'run'
