@@ -316,7 +316,7 @@ def _make_folder(root):
 
 
 @pytest.mark.parametrize('cache', [False, True])
-def test_folder_dataset(tmp_path, caplog, cache):
+def test_folder_dataset(tmp_path, caplog, capfd, cache):
   _make_folder(tmp_path)
   config = _config(dataset=str(tmp_path), image_size=8, train_crop='resize', cache=cache)
   with caplog.at_level(logging.WARNING):
@@ -328,9 +328,12 @@ def test_folder_dataset(tmp_path, caplog, cache):
   assert dataset.num_train_examples == 5
   assert dataset.num_test_examples == 4  # truncated.png looks like a PNG until it is decoded.
 
-  # Eval: the truncated PNG fails to decode and is dropped; labels are sorted class indices.
+  # Eval: the truncated PNG fails to decode and is dropped, named on stderr; labels are sorted
+  # class indices.
   eval_images, labels, masks, num_batches = _eval_arrays(dataset, batch_size=4)
   assert num_batches == 1 and masks.tolist() == [1.0, 1.0, 1.0, 0.0]
+  assert (f'warning: {tmp_path}/test/dog/truncated.png could not be decoded (TensorFlow says '
+          'why above); evaluation leaves it out.') in capfd.readouterr().err
   assert sorted(labels[:3].tolist()) == [0, 1, 1]
   gray = eval_images[:3][(eval_images[:3, ..., 0] == eval_images[:3, ..., 1]).all(axis=(1, 2))]
   assert len(gray) == 1  # The grayscale test PNG came out as 3 equal channels.

@@ -220,12 +220,15 @@ def test_folder_with_corrupt_files_resumes_reading_only_from_the_resume_point(fo
     assert opened and set(opened) <= read_paths and len(opened) <= len(log.indices)
 
 
-def test_a_truncated_image_keeps_its_place_and_is_replaced_within_its_batch(folder):
+def test_a_truncated_image_keeps_its_place_and_is_replaced_within_its_batch(folder, capfd):
   dataset = images.build(_config(dataset=folder, image_size=8, train_crop='resize',
                                  shuffle_buffer=1))
   paths = [_path(dataset, i) for i in range(dataset.local_num_train_examples)]
   bad = paths.index(f'{folder}/train/b/truncated.jpg')
   batches = _batches(dataset, bad // BATCH + 1)
+  # Named on stderr (TensorFlow's own warning says why, not which file).
+  assert (f'warning: {folder}/train/b/truncated.jpg could not be decoded (TensorFlow says why '
+          'above); another image of its batch takes its place.') in capfd.readouterr().err
   row = bad % BATCH
   batch = batches[-1]
   others = [r for r in range(BATCH) if r != row]

@@ -155,13 +155,32 @@ class ImageDataset:
             f'train={self.num_train_examples}, test={self.num_test_examples}, '
             f'image_shape={self.image_shape}, host {self._process_index}/{self._process_count})')
 
-  def _decoded(self, records):
-    """Records -> {'image': uint8, 'label': int32}, dropping undecodable ones where they occur."""
-    from vit_jax.data.tf_cpu import as_written, tf  # pylint: disable=g-import-not-at-top
-    if self._source.decode is None:
+  def _decoded_test(self):
+    """This host's test records -> {'image': uint8, 'label': int32}; one that cannot be
+    decoded is left out, with a warning naming it."""
+    # pylint: disable=g-import-not-at-top
+    from vit_jax.data import train_order
+    from vit_jax.data.tf_cpu import as_written, tf
+    source = self._source
+    records = source.test()
+    if source.decode is None:
       return records
-    decoded = records.map(as_written(self._source.decode), num_parallel_calls=tf.data.AUTOTUNE)
-    return decoded.ignore_errors(log_warning=True) if self._source.decode_can_fail else decoded
+    if not source.decode_can_fail:
+      return records.map(as_written(source.decode), num_parallel_calls=tf.data.AUTOTUNE)
+
+    @as_written
+    def decode(position, record):
+      return position, {**source.decode(record), 'ok': tf.constant(True)}
+
+    failed = {'image': tf.zeros([1, 1, self.config.channels], tf.uint8),
+              'label': tf.constant(0, tf.int32), 'ok': tf.constant(False)}
+    warning = None if source.record_name is None else (
+        lambda position: train_order.undecodable(source.record_name('test', position),
+                                                 'evaluation leaves it out.'))
+    decoded = train_order.failsafe_map(records.enumerate(), decode, failed, 0, warning,
+                                       end=source.local_num_test_examples)
+    return decoded.filter(as_written(lambda _, example: example['ok'])).map(
+        as_written(lambda _, example: {'image': example['image'], 'label': example['label']}))
 
   def _seeds(self, seed: int) -> tuple[int, int, int]:
     """(shuffle, augmentation, mixup) seeds: reproducible from `seed`, different on each host."""
@@ -206,7 +225,7 @@ class ImageDataset:
               'label': example['label'],
               'mask': tf.constant(1.0, tf.float32)}
 
-    examples = self._decoded(self._source.test()).map(
+    examples = self._decoded_test().map(
         preprocess_example, num_parallel_calls=tf.data.AUTOTUNE)
     if config.cache:
       examples = examples.cache()

@@ -53,6 +53,9 @@ class Source:
   # True (image folders): records may fail to decode; eval drops them, and in training another
   # image of the same batch takes the place of one.
   decode_can_fail: bool = False
+  # (split 'train' or 'test', int64 index in this host's share) -> tf.string naming that
+  # record in warnings (an image file's path); None: records are unnamed.
+  record_name: Callable[[str, Any], Any] | None = None
   skipped_files: tuple[str, ...] = ()  # Files left out at load time (image folders).
   class_names: tuple[str, ...] = ()  # Name of each label id; () when the dataset has none.
 
@@ -301,7 +304,7 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
     return {'path': tf.constant(paths, tf.string, shape=[len(paths)]),
             'label': tf.constant(labels, tf.int32)}
 
-  train_columns = columns('train_split')
+  train_columns, test_columns = columns('train_split'), columns('test_split')
 
   def read_train(index):
     return {key: tf.gather(column, index) for key, column in train_columns.items()}
@@ -321,10 +324,12 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
       max_local_test_examples=-(-sizes['test_split'] // process_count),
       read_train=read_train,
       train=None,
-      test=lambda: tf.data.Dataset.from_tensor_slices(columns('test_split')),
+      test=lambda: tf.data.Dataset.from_tensor_slices(test_columns),
       decode=decode,
       encoded=lambda record: tf.io.read_file(record['path']),
       decode_can_fail=True,
+      record_name=lambda split, index: tf.gather(
+          (train_columns if split == 'train' else test_columns)['path'], index),
       skipped_files=tuple(skipped_files),
       class_names=tuple(class_names))
 

@@ -10,6 +10,8 @@ example is marked failed, and `fill_failed_rows` gives its row of the batch to a
 the same batch, so a folder with bad files yields the same batches whether or not the run stopped.
 """
 
+import sys
+
 from vit_jax import errors
 from vit_jax.data.tf_cpu import as_written, tf
 
@@ -50,16 +52,22 @@ def position_batches(start: int, batch_size: int, num_records: int, shuffle_seed
       as_written(lambda p: (p, record_index(p, num_records, shuffle_seed))))
 
 
-def failsafe_map(dataset, prepare, failed_example: dict, start: int):
+def failsafe_map(dataset, prepare, failed_example: dict, start: int, warning=None,
+                 end: int | None = None):
   """`dataset.map(prepare)` where an element whose `prepare` raises becomes `failed_example`.
 
   `dataset` holds (position, record) with consecutive positions from `start`; `prepare` maps
   them to (position, example), traced as given (callers pass it `as_written`). Failed elements
   are dropped, then their positions refilled with (position, failed_example), so the order and
-  positions stay those of `dataset`.
+  positions stay those of `dataset`. `warning` (position -> tf.string) is the line printed on
+  stderr for each failed element. `end`: the position after the last of a finite `dataset`,
+  so that failures at its end are filled too.
   """
   prepared = dataset.map(prepare, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
   prepared = prepared.ignore_errors(log_warning=True)
+  if end is not None:  # A last element at `end`, dropped below: the gap before it is filled.
+    prepared = prepared.concatenate(tf.data.Dataset.from_tensors(
+        (tf.constant(end, tf.int64), failed_example)))
 
   @as_written
   def previous_position(last, element):
@@ -67,13 +75,27 @@ def failsafe_map(dataset, prepare, failed_example: dict, start: int):
     return position, (last, position, example)
 
   @as_written
+  def said(position):
+    if warning is None:
+      return position
+    with tf.control_dependencies([tf.print(warning(position), output_stream=sys.stderr)]):
+      return tf.identity(position)
+
+  @as_written
   def with_gaps_filled(last, position, example):
-    gap = tf.data.Dataset.zip((tf.data.Dataset.range(last + 1, position),
+    gap = tf.data.Dataset.zip((tf.data.Dataset.range(last + 1, position).map(said),
                                tf.data.Dataset.from_tensors(failed_example).repeat()))
     return gap.concatenate(tf.data.Dataset.from_tensors((position, example)))
 
-  return prepared.scan(tf.constant(start - 1, tf.int64), previous_position).flat_map(
+  filled = prepared.scan(tf.constant(start - 1, tf.int64), previous_position).flat_map(
       with_gaps_filled)
+  return filled if end is None else filled.take(end - start)
+
+
+def undecodable(name, consequence: str):
+  """The warning line of a record `name` (tf.string) that could not be decoded."""
+  return tf.strings.join(['warning: ', name, ' could not be decoded (TensorFlow says why above); ',
+                          consequence])
 
 
 def fill_failed_rows(batch):

@@ -37,10 +37,27 @@ def _failed(shape) -> dict:
           'ok': tf.constant(False)}
 
 
-def _decoded(source, config, records, start: int):
+def _order_seed(config, shuffle_seed: int) -> int | None:
+  """The seed of each epoch's order of records read by index; None keeps their order."""
+  return None if config.shuffle_buffer == 1 else shuffle_seed
+
+
+def _warning(source, order_seed: int | None):
+  """position -> the warning line for its record when it cannot be decoded, naming it (an
+  image file's path); None where the source does not name its records."""
+  if source.record_name is None:
+    return None
+  num_records = source.local_num_train_examples
+  return lambda position: train_order.undecodable(
+      source.record_name('train', train_order.record_index(position, num_records, order_seed)),
+      'another image of its batch takes its place.')
+
+
+def _decoded(source, config, records, start: int, warning=None):
   """(position, record) -> (position, {'image': uint8, 'label': int32, 'ok': bool}).
 
-  A record that fails to decode keeps its position, with a 1x1 image and 'ok' False.
+  A record that fails to decode keeps its position, with a 1x1 image and 'ok' False, and
+  `warning(position)` on stderr.
   """
   @as_written
   def decode(position, record):
@@ -49,7 +66,7 @@ def _decoded(source, config, records, start: int):
 
   if source.decode_can_fail:
     return train_order.failsafe_map(records, decode, _failed([1, 1, config.channels]),
-                                    start)
+                                    start, warning)
   return records.map(decode, num_parallel_calls=_AUTOTUNE)
 
 
@@ -61,7 +78,7 @@ def _cached_reader(source, config):
   """
   records = tf.data.Dataset.range(source.local_num_train_examples).map(
       as_written(lambda index: (index, source.read_train(index))))
-  decoded = _decoded(source, config, records, start=0)
+  decoded = _decoded(source, config, records, start=0, warning=_warning(source, None))
   with progress.phase(f'Decoding the {source.local_num_train_examples} train images of this '
                       'host into memory (config.data.cache)'):
     examples = [example for _, example in decoded.as_numpy_iterator()]
@@ -94,8 +111,8 @@ def _records(source, config, shuffle_seed: int, start: int):
       records = records.map(as_written(lambda example: {**example, 'ok': tf.constant(True)}))
     records = records.shuffle(buffer, seed=shuffle_seed).repeat().skip(start)
     return records.enumerate(start=start)
-  order_seed = None if config.shuffle_buffer == 1 else shuffle_seed
-  indices = train_order.positions(start, source.local_num_train_examples, order_seed)
+  indices = train_order.positions(start, source.local_num_train_examples,
+                                  _order_seed(config, shuffle_seed))
   read = _cached_reader(source, config) if config.cache else source.read_train
   return indices.map(as_written(lambda position, index: (position, read(index))),
                      num_parallel_calls=_AUTOTUNE)
@@ -118,15 +135,15 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
 
   if source.decode is None and source.read_train is not None and not config.cache:
     # Arrays (digits): read, crop and augment whole batches at once.
-    order_seed = None if config.shuffle_buffer == 1 else seeds.shuffle
     batches = train_order.position_batches(start, batch_size, source.local_num_train_examples,
-                                           order_seed)
+                                           _order_seed(config, seeds.shuffle))
     batches = batches.map(
         as_written(lambda positions, indices: (positions, source.read_train(indices))))
     return _finished(batches.map(preprocess_batch, num_parallel_calls=_AUTOTUNE), source,
                      config, num_classes, seeds)
   records = _records(source, config, seeds.shuffle, start)
-  examples = records if config.cache else _decoded(source, config, records, start)
+  warning = _warning(source, _order_seed(config, seeds.shuffle))
+  examples = records if config.cache else _decoded(source, config, records, start, warning)
   if examples.element_spec[1]['image'].shape.is_fully_defined():
     # Images of one size: batch first, then preprocess whole batches (~10x less CPU).
     batches = examples.batch(batch_size, drop_remainder=True)
@@ -143,7 +160,7 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
 
       if source.decode_can_fail:
         examples = train_order.failsafe_map(
-            records, crop_record, _failed([size, size, channels]), start)
+            records, crop_record, _failed([size, size, channels]), start, warning)
       else:
         examples = records.map(crop_record, num_parallel_calls=_AUTOTUNE)
 
