@@ -279,6 +279,48 @@ def test_a_npz_takes_the_pixel_statistics_given_on_the_command_line(sources, tmp
                   'channel or one for all, e.g. --pixel-std 0.5,0.5,0.5.')
 
 
+def test_a_npz_takes_deits_eval_resize_on_the_command_line(sources, image_files, tmp_path,
+                                                           capsys):
+  path, model, params, model_name = sources['npz']
+  deit = {'image_size': IMAGE_SIZE, 'eval_resize': 'shorter_side',
+          'eval_interpolation': 'bicubic', 'eval_resize_ratio': 1.25}
+  out = str(tmp_path / 'out')
+  assert cli.main([path, out, '--format', 'stablehlo', '--model', model_name, '--preprocess',
+                   '--eval-resize', 'shorter_side', '--eval-interpolation', 'bicubic',
+                   '--eval-resize-ratio', '1.25']) == 0
+  _, want = prediction.predict_files(model, params, image_files, deit, batch_size=1)
+  for file, expected in zip(image_files, want):
+    got = _run(out, 'stablehlo', np.asarray(Image.open(file))[None])['probabilities'][0]
+    np.testing.assert_allclose(got, expected, atol=PREPROCESS_TOLERANCE)
+  metadata = json.loads((tmp_path / 'out' / 'metadata.json').read_text())
+  assert (metadata['eval_resize'], metadata['eval_interpolation'],
+          metadata['eval_resize_ratio']) == ('shorter_side', 'bicubic', 1.25)
+  # Without them, Google's ViT eval: square, bilinear, the model's size.
+  assert cli.main([path, str(tmp_path / 'vit'), '--format', 'stablehlo', '--model', model_name,
+                   '--preprocess']) == 0
+  metadata = json.loads((tmp_path / 'vit' / 'metadata.json').read_text())
+  assert (metadata['eval_resize'], metadata['eval_interpolation'],
+          metadata['eval_resize_ratio']) == ('square', 'bilinear', 1.0)
+  # Mistakes, one line each.
+  npz = [path, str(tmp_path / 'bad'), '--format', 'stablehlo', '--model', model_name]
+  assert _cli_error(capsys, [*npz, '--preprocess', '--eval-resize', 'shorter']) == (
+      'error: --eval-resize shorter is not one of square, shorter_side.')
+  assert _cli_error(capsys, [*npz, '--preprocess', '--eval-resize-ratio', '0.9']) == (
+      "error: --eval-resize-ratio 0.9 must be at least 1 (1: resize to the model's size; DeiT: "
+      '256/224 = 1.1428571).')
+  assert _cli_error(capsys, [*npz, '--eval-interpolation', 'bicubic']) == (
+      'error: --eval-resize, --eval-interpolation and --eval-resize-ratio say how --preprocess '
+      'resizes images: add --preprocess, or leave them out.')
+  workdir = sources['ViT-testing'][0]
+  assert _cli_error(capsys, [workdir, str(tmp_path / 'bad'), '--format', 'stablehlo',
+                             '--preprocess', '--eval-resize', 'shorter_side']) == (
+      'error: --eval-resize, --eval-interpolation and --eval-resize-ratio describe a .npz SOURCE; '
+      f'the workdir {workdir} evaluates with config.data.eval_resize=\'square\', '
+      "eval_interpolation='bilinear' and eval_resize_ratio=1.25 (its config.json), which the "
+      'export takes: leave them out.')
+  assert not (tmp_path / 'bad').exists()
+
+
 def _cli_error(capsys, argv) -> str:
   assert cli.main(argv) == 1
   return user_error(capsys.readouterr().err)

@@ -90,7 +90,9 @@ def test_options_of_image_classifiers_are_errors_for_a_translation_workdir(dates
       (['--format', 'onnx'], 'a translation workdir exports as stablehlo or savedmodel'),
       (['--format', 'stablehlo', '--preprocess'], '--preprocess applies to image classifiers'),
       (['--format', 'stablehlo', '--pixel-mean', '0.5'],
-       '--pixel-mean applies to image classifiers')):
+       '--pixel-mean applies to image classifiers'),
+      (['--format', 'stablehlo', '--eval-interpolation', 'bicubic'],
+       '--eval-resize/-interpolation/-resize-ratio applies to image classifiers')):
     assert cli.main([dates['workdir'], out, *argv]) == 1
     assert message in capsys.readouterr().err
     assert not os.path.exists(out)

@@ -57,7 +57,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("note: Facebook's DeiT weights expect ImageNet's pixel statistics: train with "
           "configs/deit.py (which sets them) or --config.data.pixel_mean='(0.485,0.456,0.406)' "
           "--config.data.pixel_std='(0.229,0.224,0.225)'; export a .npz with --pixel-mean "
-          '0.485,0.456,0.406 --pixel-std 0.229,0.224,0.225.')
+          '0.485,0.456,0.406 --pixel-std 0.229,0.224,0.225 (and with --preprocess, DeiT\'s '
+          'resize: --eval-resize shorter_side --eval-interpolation bicubic --eval-resize-ratio '
+          '1.1428571).')
   return 0
 
 

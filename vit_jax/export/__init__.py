@@ -2,7 +2,9 @@
 
   python -m vit_jax.export SOURCE OUT --format stablehlo|savedmodel|onnx [--model NAME]
       [--ema] [--batch-size N] [--dtype float32|bfloat16] [--preprocess] [--image-size S]
-      [--pixel-mean M] [--pixel-std S] [--checkpoint-fallback] [--overwrite]
+      [--pixel-mean M] [--pixel-std S] [--eval-resize square|shorter_side]
+      [--eval-interpolation bilinear|bicubic] [--eval-resize-ratio R] [--checkpoint-fallback]
+      [--overwrite]
 
 SOURCE is a classification workdir (its latest checkpoint) or a published-layout .npz (with
 --model). OUT is a directory: the artifact (`stablehlo`, `savedmodel`, `onnx` modules say
@@ -65,14 +67,15 @@ def export(source: str, out: str, export_format: str, *, model_name: str | None 
            ema: bool = False, batch_size: int | None = None, dtype: str = 'float32',
            preprocess: bool = False, image_size: int | None = None,
            overwrite: bool = False, pixel_mean=None, pixel_std=None,
-           fall_back: bool = False) -> dict:
+           resize: source_lib.Resize | None = None, fall_back: bool = False) -> dict:
   """Writes the classifier in SOURCE to the directory OUT as `export_format`; returns the
   metadata written to OUT/metadata.json. A translation workdir exports its greedy translation
-  (`vit_jax.export.translation`)."""
+  (`vit_jax.export.translation`). `resize` (a .npz's, with `preprocess`): see
+  `source.Resize`."""
   from vit_jax.export import translation  # pylint: disable=g-import-not-at-top
   if translation.is_translation_workdir(source):
     translation.check_arguments(export_format, model_name, preprocess, image_size, pixel_mean,
-                                pixel_std)
+                                pixel_std, resize)
     check_arguments(out, export_format, batch_size, dtype, overwrite)
     model = translation.Translation(source, ema, dtype, fall_back)
     progress.log(f'Exporting greedy translation of {model.config.model.name} ({dtype}) from '
@@ -81,9 +84,13 @@ def export(source: str, out: str, export_format: str, *, model_name: str | None 
     return _write_whole(out, lambda staging: translation.write(
         staging, model, export_format, batch_size, metadata), metadata)
   check_arguments(out, export_format, batch_size, dtype, overwrite)
+  if resize is not None and not preprocess:
+    raise errors.ConfigError('--eval-resize, --eval-interpolation and --eval-resize-ratio say '
+                             'how --preprocess resizes images: add --preprocess, or leave them '
+                             'out.')
   exportable = source_lib.load(source, model_name=model_name, ema=ema, image_size=image_size,
                                dtype=dtype, pixel_mean=pixel_mean, pixel_std=pixel_std,
-                               fall_back=fall_back)
+                               resize=resize, fall_back=fall_back)
   progress.log(f'Exporting {exportable.model_name} ({len(exportable.class_names)} classes, '
                f'{exportable.image_size}x{exportable.image_size}, {dtype}) from '
                f'{exportable.source} as {export_format}.')

@@ -6,7 +6,7 @@ from typing import Sequence
 
 from vit_jax import errors, runtime
 from vit_jax.export import FORMATS, export
-from vit_jax.export.source import DTYPES
+from vit_jax.export.source import DTYPES, Resize
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -46,17 +46,32 @@ def main(argv: Sequence[str] | None = None) -> int:
   parser.add_argument('--pixel-std', type=_floats, metavar='S[,S,S]',
                       help="a .npz SOURCE: the pixel standard deviation (default 0.5; DeiT's: "
                       '0.229,0.224,0.225)')
+  parser.add_argument('--eval-resize', metavar='square|shorter_side',
+                      help="a .npz SOURCE with --preprocess: resize both sides (default, Google's "
+                      "ViT) or the shorter one, keeping the aspect ratio (DeiT, timm); a "
+                      "workdir's comes from its config")
+  parser.add_argument('--eval-interpolation', metavar='bilinear|bicubic',
+                      help='a .npz SOURCE with --preprocess: the resize kernel, antialiased '
+                      "(default bilinear; DeiT's: bicubic)")
+  parser.add_argument('--eval-resize-ratio', type=float, metavar='R',
+                      help='a .npz SOURCE with --preprocess: resize to image size * R, then take '
+                      "the central crop (default 1; DeiT's: 1.1428571, 256 for 224)")
   parser.add_argument('--checkpoint-fallback', action='store_true',
                       help="a workdir SOURCE whose latest checkpoint cannot be read: export its "
                       'newest readable one')
   parser.add_argument('--overwrite', action='store_true',
                       help='replace an earlier export at OUT (nothing else)')
   args = parser.parse_args(argv)
+  given = {field: value for field, value in (('ratio', args.eval_resize_ratio),
+                                              ('how', args.eval_resize),
+                                              ('interpolation', args.eval_interpolation))
+           if value is not None}
   try:
     export(args.source, args.out, args.export_format, model_name=args.model, ema=args.ema,
            batch_size=args.batch_size, dtype=args.dtype, preprocess=args.preprocess,
            image_size=args.image_size, overwrite=args.overwrite, pixel_mean=args.pixel_mean,
-           pixel_std=args.pixel_std, fall_back=args.checkpoint_fallback)
+           pixel_std=args.pixel_std, resize=Resize(**given) if given else None,
+           fall_back=args.checkpoint_fallback)
   except errors.UserError as e:
     # The checkpoint readers name the trainer's flag; this program's is --checkpoint-fallback.
     message = str(e).replace('--config.checkpoint_fallback=True', '--checkpoint-fallback')

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 
 import vit_jax
 from vit_jax import errors, files, models, weights
-from vit_jax.data import class_names as class_names_lib, normalization
+from vit_jax.data import class_names as class_names_lib, images, normalization
 from vit_jax.export import preprocessing
 from vit_jax.models.vit import stem_stride
 from vit_jax.train import checkpointing, run_config
@@ -24,6 +24,31 @@ _SERVING_FIELDS = dict(attention_impl='plain', scan_layers=False, remat=False)
 
 
 @dataclasses.dataclass(frozen=True)
+class Resize:
+  """How `--preprocess` resizes images: a run's config.data.eval_resize_ratio, eval_resize and
+  eval_interpolation; a published .npz's default is Google's ViT eval (square, bilinear, 1)."""
+  ratio: float = 1.0
+  how: str = 'square'  # Or 'shorter_side'.
+  interpolation: str = 'bilinear'  # Or 'bicubic'.
+
+  @classmethod
+  def of_config(cls, data_config) -> 'Resize':
+    return cls(data_config.eval_resize_ratio, data_config.eval_resize,
+               data_config.eval_interpolation)
+
+  def check(self):
+    """ConfigError, in one line, for values the eval pipeline does not have."""
+    for flag, value, allowed in (('--eval-resize', self.how, images.EVAL_RESIZES),
+                                 ('--eval-interpolation', self.interpolation,
+                                  images.EVAL_INTERPOLATIONS)):
+      if value not in allowed:
+        raise errors.ConfigError(f'{flag} {value} is not one of {", ".join(allowed)}.')
+    if not self.ratio >= 1:
+      raise errors.ConfigError(f'--eval-resize-ratio {self.ratio} must be at least 1 (1: resize '
+                               'to the model\'s size; DeiT: 256/224 = 1.1428571).')
+
+
+@dataclasses.dataclass(frozen=True)
 class Exportable:
   """A model ready to export, with what its artifact's metadata says about it."""
   model: nn.Module
@@ -31,9 +56,7 @@ class Exportable:
   model_name: str
   image_size: int
   channels: int
-  eval_resize_ratio: float
-  eval_resize: str  # 'square' or 'shorter_side' (config.data.eval_resize).
-  eval_interpolation: str  # 'bilinear' or 'bicubic' (config.data.eval_interpolation).
+  resize: Resize
   pixel_mean: tuple[float, ...]  # Per channel, fractions of 255 (config.data.pixel_mean).
   pixel_std: tuple[float, ...]
   class_names: list[str]
@@ -55,8 +78,8 @@ class Exportable:
     outputs = [{'name': name, 'dtype': 'float32', 'shape': [batch, num_classes]}
                for name in ('logits', 'probabilities')]
     return {'format': export_format, 'model': self.model_name, 'image_size': self.image_size,
-            'channels': self.channels, 'eval_resize_ratio': self.eval_resize_ratio,
-            'eval_resize': self.eval_resize, 'eval_interpolation': self.eval_interpolation,
+            'channels': self.channels, 'eval_resize_ratio': self.resize.ratio,
+            'eval_resize': self.resize.how, 'eval_interpolation': self.resize.interpolation,
             'pixel_mean': list(self.pixel_mean), 'pixel_std': list(self.pixel_std),
             'preprocess': preprocess, 'dtype': self.dtype, 'inputs': [images],
             'outputs': outputs, 'class_names': self.class_names, 'source': self.source,
@@ -96,7 +119,8 @@ def _statistics(mean, std, channels: int, where: str, flags: bool = False) -> tu
 
 
 def _from_workdir(workdir: str, model_name: str | None, ema: bool, image_size: int | None,
-                  dtype: str, pixel_stats_given: bool, fall_back: bool) -> Exportable:
+                  dtype: str, pixel_stats_given: bool, resize_given: bool,
+                  fall_back: bool) -> Exportable:
   run_config.check_task(workdir, 'classification', 'SOURCE')
   config = run_config.load_config(workdir)
   if model_name is not None and model_name != config.model.name:
@@ -108,6 +132,13 @@ def _from_workdir(workdir: str, model_name: str | None, ema: bool, image_size: i
         f'with config.data.pixel_mean={tuple(config.data.pixel_mean)} and pixel_std='
         f'{tuple(config.data.pixel_std)} (its config.json), which the export takes: leave them '
         'out.')
+  if resize_given:
+    data = config.data
+    raise errors.ConfigError(
+        f'--eval-resize, --eval-interpolation and --eval-resize-ratio describe a .npz SOURCE; '
+        f'the workdir {workdir} evaluates with config.data.eval_resize={data.eval_resize!r}, '
+        f'eval_interpolation={data.eval_interpolation!r} and eval_resize_ratio='
+        f'{data.eval_resize_ratio:g} (its config.json), which the export takes: leave them out.')
   mean, std = _statistics(config.data.pixel_mean, config.data.pixel_std, config.data.channels,
                           f'{run_config.config_path(workdir)}: data.')
   params, step = checkpointing.restore_params(workdir, fall_back, ema=ema)
@@ -119,13 +150,13 @@ def _from_workdir(workdir: str, model_name: str | None, ema: bool, image_size: i
                                    config.data.channels, dtype)
   names = class_names_lib.load(workdir) or class_names_lib.for_dataset(config.data)
   return Exportable(model, params, config.model.name, image_size, config.data.channels,
-                    config.data.eval_resize_ratio, config.data.eval_resize,
-                    config.data.eval_interpolation, mean, std,
+                    Resize.of_config(config.data), mean, std,
                     _names(names, model.num_classes), what, dtype)
 
 
 def _from_npz(path: str, model_name: str | None, ema: bool, image_size: int | None,
-              dtype: str, pixel_mean, pixel_std, fall_back: bool) -> Exportable:
+              dtype: str, pixel_mean, pixel_std, resize: Resize | None,
+              fall_back: bool) -> Exportable:
   if model_name is None:
     raise errors.ConfigError(f'Exporting the .npz {path} needs the model it holds: give --model '
                              '(e.g. --model ViT-B_16).')
@@ -136,12 +167,13 @@ def _from_npz(path: str, model_name: str | None, ema: bool, image_size: int | No
   mean, std = _statistics(normalization.INCEPTION_MEAN if pixel_mean is None else pixel_mean,
                           normalization.INCEPTION_STD if pixel_std is None else pixel_std, 3,
                           '', flags=True)
+  resize = resize or Resize()
+  resize.check()
   flat = weights.canonicalize(weights.load_npz(path))
   model, params, image_size = _fit(model_name, {}, flat, path, image_size, 3, dtype)
   names = class_names_lib.imagenet2012() if model.num_classes == 1000 else None
-  # A published .npz: Google's ViT eval, a square bilinear resize to the model's size.
-  return Exportable(model, params, model_name, image_size, 3, 1.0, 'square', 'bilinear', mean,
-                    std, _names(names, model.num_classes), path, dtype)
+  return Exportable(model, params, model_name, image_size, 3, resize, mean, std,
+                    _names(names, model.num_classes), path, dtype)
 
 
 def _names(names, num_classes: int) -> list[str]:
@@ -152,22 +184,23 @@ def _names(names, num_classes: int) -> list[str]:
 
 def load(source: str, *, model_name: str | None = None, ema: bool = False,
          image_size: int | None = None, dtype: str = 'float32', pixel_mean=None,
-         pixel_std=None, fall_back: bool = False) -> Exportable:
+         pixel_std=None, resize: Resize | None = None, fall_back: bool = False) -> Exportable:
   """The classifier in `source`: a classification workdir (its latest checkpoint) or a
   published-layout .npz (with `model_name`), at `image_size` (default: its own).
 
   `pixel_mean` and `pixel_std` (fractions of 255, per channel or one for all) are a .npz's
-  input statistics, by default 0.5 and 0.5 (Google's ViT: inputs in [-1, 1]); a workdir's
-  come from its config.json. `fall_back`: a workdir whose latest checkpoint cannot be read
-  gives its newest readable one.
+  input statistics, by default 0.5 and 0.5 (Google's ViT: inputs in [-1, 1]), and `resize`
+  how its `--preprocess` resizes (default `Resize()`); a workdir's come from its config.json.
+  `fall_back`: a workdir whose latest checkpoint cannot be read gives its newest readable one.
   """
   if dtype not in DTYPES:
     raise errors.ConfigError(f'--dtype={dtype!r} is not one of {", ".join(DTYPES)}.')
   if files.isdir(source):
     return _from_workdir(source, model_name, ema, image_size, dtype,
-                         pixel_mean is not None or pixel_std is not None, fall_back)
+                         pixel_mean is not None or pixel_std is not None, resize is not None,
+                         fall_back)
   if source.endswith('.npz'):
-    return _from_npz(source, model_name, ema, image_size, dtype, pixel_mean, pixel_std,
+    return _from_npz(source, model_name, ema, image_size, dtype, pixel_mean, pixel_std, resize,
                      fall_back)
   if not files.exists(source):
     raise errors.MissingFileError(f'SOURCE {source} does not exist; give a workdir or a .npz.')
@@ -187,9 +220,9 @@ def serving_function(exportable: Exportable, preprocess: bool):
 
   def serve(params, images):
     if preprocess:
-      images = preprocessing.eval_images(images, exportable.image_size,
-                                         exportable.eval_resize_ratio, scale, offset,
-                                         exportable.eval_resize, exportable.eval_interpolation)
+      resize = exportable.resize
+      images = preprocessing.eval_images(images, exportable.image_size, resize.ratio, scale,
+                                         offset, resize.how, resize.interpolation)
     logits = model.apply({'params': params}, images, train=False).astype(jnp.float32)
     return {'logits': logits, 'probabilities': jax.nn.softmax(logits, axis=-1)}
 

@@ -71,14 +71,16 @@ class Translation:
 
 
 def check_arguments(export_format: str, model_name, preprocess: bool, image_size,
-                    pixel_mean=None, pixel_std=None):
+                    pixel_mean=None, pixel_std=None, resize=None):
   """The options that do not apply to a translation workdir are errors."""
   if export_format not in FORMATS:
     raise errors.ConfigError(f'--format {export_format}: a translation workdir exports as '
                              f'{" or ".join(FORMATS)}.')
   given = [flag for flag, value in (('--model', model_name), ('--preprocess', preprocess),
                                     ('--image-size', image_size), ('--pixel-mean', pixel_mean),
-                                    ('--pixel-std', pixel_std)) if value]
+                                    ('--pixel-std', pixel_std),
+                                    ('--eval-resize/-interpolation/-resize-ratio', resize))
+           if value]
   if given:
     raise errors.ConfigError(f'{", ".join(given)} applies to image classifiers; a translation '
                              'workdir exports token ids in and out: leave it out.')
