@@ -3,9 +3,10 @@
 python -m vit_jax.main --config=configs/deit.py:DeiT-S_16,cifar10 --workdir=runs/deit \
     --config.teacher=runs/teacher --config.distillation=hard
 The argument is MODEL,DATASET. Defaults follow the DeiT recipe: AdamW, cosine decay,
-label smoothing, drop-path, RandAugment, mixup and CutMix (half the batches each), and inputs
-normalized with ImageNet's pixel mean and std, as Facebook's DeiT weights expect; the
-distillation token's share of the loss is 0.5 (config.distillation_weight).
+label smoothing, drop-path, RandAugment, mixup and CutMix (half the batches each), inputs
+normalized with ImageNet's pixel mean and std, as Facebook's DeiT weights expect, and DeiT's
+eval crop (the shorter side resized to 256, bicubic, the central 224); the distillation
+token's share of the loss is 0.5 (config.distillation_weight).
 """
 
 from vit_jax.data import normalization
