@@ -46,8 +46,10 @@ def window_weights(pixels: jax.Array, resized: jax.Array, start: jax.Array, size
   centers = jnp.cumsum(ones) - 0.5  # i + 0.5
   distances = jnp.abs(centers[None] - samples[:, None]) / kernel_scale  # (size, in)
   weights = KERNELS[interpolation](distances)
+  # Positive where a sample lies on the image (its nearest pixel outweighs the cubic's negative
+  # lobes); > rather than !=, which jax2onnx's ONNX leaves untyped.
   total = jnp.sum(weights, axis=1, keepdims=True)
-  return jnp.where(total != 0, weights / jnp.where(total != 0, total, 1.0), 0.0)
+  return jnp.where(total > 0, weights / jnp.where(total > 0, total, 1.0), 0.0)
 
 
 def _resized_sides(rows: jax.Array, cols: jax.Array, resized_size: int, how: str):
