@@ -3,7 +3,8 @@
 python -m vit_jax.main --config=configs/deit.py:DeiT-S_16,cifar10 --workdir=runs/deit \
     --config.teacher=runs/teacher --config.distillation=hard
 The argument is MODEL,DATASET. Defaults follow the DeiT recipe: AdamW, cosine decay,
-label smoothing, drop-path, RandAugment, mixup and CutMix (half the batches each), inputs
+label smoothing, drop-path, RandAugment, random erasing (a quarter of the images), mixup and
+CutMix (half the batches each), inputs
 normalized with ImageNet's pixel mean and std, as Facebook's DeiT weights expect, and DeiT's
 eval crop (the shorter side resized to 256, bicubic, the central 224); the distillation
 token's share of the loss is 0.5 (config.distillation_weight).
@@ -28,6 +29,7 @@ def get_config(arg: str = 'DeiT-S_16,cifar10'):
   config.data.randaugment_magnitude = 9.0
   config.data.mixup_alpha = 0.8
   config.data.cutmix_alpha = 1.0
+  config.data.random_erasing_prob = 0.25
   config.data.pixel_mean = normalization.IMAGENET_MEAN
   config.data.pixel_std = normalization.IMAGENET_STD
   config.batch_size = 1024

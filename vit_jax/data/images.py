@@ -69,6 +69,9 @@ def default_config() -> ml_collections.ConfigDict:
   config.cutmix_alpha = 0.0  # CutMix Beta(alpha, alpha) box per batch; 0 disables (DeiT: 1.0).
   # With mixup_alpha and cutmix_alpha both > 0: the share of batches that take CutMix, not mixup.
   config.cutmix_prob = 0.5
+  # Share of train images given one rectangle of N(0, 1) noise (random erasing, timm's 'pixel'
+  # mode), before mixup and CutMix; 0 disables (DeiT: 0.25).
+  config.random_erasing_prob = 0.0
   # 0: every epoch a new order of the whole split; 1: keep the order; N: a buffer of N, for TFDS
   # tfrecord datasets (read as a stream; 0 gives them 10,000).
   config.shuffle_buffer = 0
@@ -104,10 +107,12 @@ def _checked_config(config) -> ml_collections.ConfigDict:
   check.require(c.mixup_alpha >= 0, 'mixup_alpha', '>= 0')
   check.require(c.cutmix_alpha >= 0, 'cutmix_alpha', '>= 0')
   check.require(0 <= c.cutmix_prob <= 1, 'cutmix_prob', 'in [0, 1]')
+  check.require(0 <= c.random_erasing_prob <= 1, 'random_erasing_prob', 'in [0, 1]')
   check.require_int('shuffle_buffer', 0)
   check.require_int('prefetch', -1, '-1 (AUTOTUNE) or >= 0')
   config = check.result()
-  if config.cutmix_prob != default_config().cutmix_prob and not (config.mixup_alpha > 0 and config.cutmix_alpha > 0):
+  mixes = config.mixup_alpha > 0 and config.cutmix_alpha > 0
+  if config.cutmix_prob != default_config().cutmix_prob and not mixes:
     raise errors.ConfigError(
         f'config.data.cutmix_prob={config.cutmix_prob} chooses between mixup and CutMix, but '
         f'mixup_alpha={config.mixup_alpha} and cutmix_alpha={config.cutmix_alpha}: set both '

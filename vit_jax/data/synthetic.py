@@ -34,11 +34,12 @@ def check(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict
   for key in synthetic_keys:
     if not isinstance(config[key], int) or isinstance(config[key], bool) or config[key] < 1:
       raise errors.ConfigError(f'config.data.{key}={config[key]!r}: expected an int >= 1.')
-  if config.mixup_alpha or config.cutmix_alpha or config.randaugment_layers:
+  augmentations = ('mixup_alpha', 'cutmix_alpha', 'randaugment_layers', 'random_erasing_prob')
+  on = [f'{key}={config[key]}' for key in augmentations if config[key]]
+  if on:
     raise errors.ConfigError(
-        f"config.data.dataset='synthetic' makes ready-made batches, so mixup_alpha="
-        f'{config.mixup_alpha}, cutmix_alpha={config.cutmix_alpha} and randaugment_layers='
-        f'{config.randaugment_layers} cannot apply: set them to 0.')
+        f"config.data.dataset='synthetic' makes ready-made batches, so {' and '.join(on)} "
+        f"cannot apply: set {'it' if len(on) == 1 else 'them'} to 0.")
   if (config.train_split, config.test_split) != ('train', 'test'):
     raise errors.ConfigError(
         f"config.data.dataset='synthetic' has the splits 'train' and 'test', not "

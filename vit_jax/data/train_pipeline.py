@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import progress
-from vit_jax.data import mixing, preprocess, train_order
+from vit_jax.data import erasing, mixing, preprocess, train_order
 from vit_jax.data.tf_cpu import as_written, tf
 
 # Shuffle buffer of TFDS datasets read as a stream (tfrecord) when config.shuffle_buffer is 0.
@@ -28,7 +28,7 @@ _AUTOTUNE = tf.data.AUTOTUNE
 class Seeds:
   shuffle: int  # The order of each epoch.
   augment: int  # Crops, flips, RandAugment: with the position.
-  mixup: int  # Mixup and CutMix: with the step.
+  mixup: int  # Random erasing, mixup and CutMix: with the step.
 
 
 def _failed(shape) -> dict:
@@ -197,8 +197,12 @@ def _finished(batches, source, config, num_classes: int, seeds: Seeds):
       batch.pop('ok', None)
     # uint8 until here: 4x less to copy.
     batch['image'] = preprocess.normalize(batch['image'], config)
+    batch_seed = tf.stack([tf.constant(seeds.mixup, tf.int64), step])
+    if config.random_erasing_prob > 0:
+      erasing_seed = tf.random.experimental.stateless_fold_in(batch_seed, 1)
+      batch['image'] = erasing.random_erasing(batch['image'], config.random_erasing_prob,
+                                              erasing_seed)
     if config.mixup_alpha > 0 or config.cutmix_alpha > 0:
-      batch_seed = tf.stack([tf.constant(seeds.mixup, tf.int64), step])
       batch['image'], batch['label'] = mixing.mix(
           batch['image'], batch['label'], num_classes, config.mixup_alpha, config.cutmix_alpha,
           config.cutmix_prob, batch_seed)
