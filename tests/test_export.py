@@ -142,6 +142,16 @@ def image_files(tmp_path_factory):
 PREPROCESS_TOLERANCE = 1e-5  # Probabilities; the resized pixels equal TF's (see test output).
 
 
+def _assert_equals_predict(artifact_dir: str, export_format: str, pictures, want, what: str):
+  """The artifact's probabilities on each picture file, uint8 as it is, equal predict's."""
+  for path, expected in zip(pictures, want):
+    pixels = np.asarray(Image.open(path))[None]
+    got = _run(artifact_dir, export_format, pixels)['probabilities'][0]
+    print(f'{export_format} {what} {pixels.shape[1]}x{pixels.shape[2]}: max '
+          f'|probabilities - predict| {np.abs(got - expected).max():.1e}')
+    np.testing.assert_allclose(got, expected, atol=PREPROCESS_TOLERANCE)
+
+
 @pytest.mark.parametrize('export_format', ['stablehlo', 'onnx'])
 def test_preprocessing_artifacts_equal_predict_on_uint8_images(sources, image_files,
                                                                export_format, tmp_path):
@@ -152,12 +162,7 @@ def test_preprocessing_artifacts_equal_predict_on_uint8_images(sources, image_fi
   _, want = prediction.predict_files(model, params, image_files, config.data, batch_size=1)
   out = str(tmp_path / 'out')
   export.export(workdir, out, export_format, preprocess=True)
-  for path, expected in zip(image_files, want):
-    pixels = np.asarray(Image.open(path))[None]
-    got = _run(out, export_format, pixels)['probabilities'][0]
-    print(f'{export_format} --preprocess {pixels.shape[1]}x{pixels.shape[2]}: max '
-          f'|probabilities - predict| {np.abs(got - expected).max():.1e}')
-    np.testing.assert_allclose(got, expected, atol=PREPROCESS_TOLERANCE)
+  _assert_equals_predict(out, export_format, image_files, want, '--preprocess')
 
 
 def test_the_command_line_writes_a_preprocessing_savedmodel(sources, image_files, tmp_path):
@@ -170,11 +175,7 @@ def test_the_command_line_writes_a_preprocessing_savedmodel(sources, image_files
   assert f'Wrote {out}' in result.stdout
   config = run_config.load_config(workdir)
   _, want = prediction.predict_files(model, params, image_files, config.data, batch_size=1)
-  for path, expected in zip(image_files, want):
-    got = _run(out, 'savedmodel', np.asarray(Image.open(path))[None])['probabilities'][0]
-    print(f'savedmodel --preprocess (CLI): max |probabilities - predict| '
-          f'{np.abs(got - expected).max():.1e}')
-    np.testing.assert_allclose(got, expected, atol=PREPROCESS_TOLERANCE)
+  _assert_equals_predict(out, 'savedmodel', image_files, want, '--preprocess (CLI)')
   metadata = json.loads((tmp_path / 'saved' / 'metadata.json').read_text())
   assert metadata['inputs'][0] == {'name': 'images', 'dtype': 'uint8', 'shape': [1, 'h', 'w', 3],
                                    'range': '0..255, any height and width'}
@@ -200,9 +201,7 @@ def test_a_workdir_trained_with_imagenet_statistics_exports_them(sources, image_
   _, unit_range = prediction.predict_files(model, params, image_files,
                                            run_config.load_config(workdir).data, batch_size=1)
   assert np.abs(want - unit_range).max() > 1e-3  # The statistics matter to this model.
-  for path, expected in zip(image_files, want):
-    got = _run(out, 'stablehlo', np.asarray(Image.open(path))[None])['probabilities'][0]
-    np.testing.assert_allclose(got, expected, atol=PREPROCESS_TOLERANCE)
+  _assert_equals_predict(out, 'stablehlo', image_files, want, '--preprocess ImageNet stats')
   metadata = json.loads((tmp_path / 'out' / 'metadata.json').read_text())
   assert metadata['pixel_mean'] == list(normalization.IMAGENET_MEAN)
   assert metadata['pixel_std'] == list(normalization.IMAGENET_STD)
@@ -240,12 +239,8 @@ def test_a_workdir_with_deits_eval_resize_exports_it(sources, image_files, expor
     export.export(deit, out, export_format, preprocess=True)
   # No converter complaints on the user's screen (jax2onnx left jnp's != untyped).
   assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-  for path, expected in zip(pictures, want):
-    pixels = np.asarray(Image.open(path))[None]
-    got = _run(out, export_format, pixels)['probabilities'][0]
-    print(f'{export_format} --preprocess shorter_side bicubic {pixels.shape[1]}x'
-          f'{pixels.shape[2]}: max |probabilities - predict| {np.abs(got - expected).max():.1e}')
-    np.testing.assert_allclose(got, expected, atol=PREPROCESS_TOLERANCE)
+  _assert_equals_predict(out, export_format, pictures, want,
+                         '--preprocess shorter_side bicubic')
   metadata = json.loads((tmp_path / 'out' / 'metadata.json').read_text())
   assert (metadata['eval_resize'], metadata['eval_interpolation'],
           metadata['eval_resize_ratio']) == ('shorter_side', 'bicubic', EVAL_RESIZE_RATIO)
@@ -293,9 +288,7 @@ def test_a_npz_takes_deits_eval_resize_on_the_command_line(sources, image_files,
                    '--eval-resize', 'shorter_side', '--eval-interpolation', 'bicubic',
                    '--eval-resize-ratio', '1.25']) == 0
   _, want = prediction.predict_files(model, params, image_files, deit, batch_size=1)
-  for file, expected in zip(image_files, want):
-    got = _run(out, 'stablehlo', np.asarray(Image.open(file))[None])['probabilities'][0]
-    np.testing.assert_allclose(got, expected, atol=PREPROCESS_TOLERANCE)
+  _assert_equals_predict(out, 'stablehlo', image_files, want, '--preprocess DeiT flags')
   metadata = json.loads((tmp_path / 'out' / 'metadata.json').read_text())
   assert (metadata['eval_resize'], metadata['eval_interpolation'],
           metadata['eval_resize_ratio']) == ('shorter_side', 'bicubic', 1.25)
