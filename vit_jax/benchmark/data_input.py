@@ -5,9 +5,9 @@ resolution: read, decode, inception crop, flip (as ImageNet recipes train), then
 RandAugment, mixup, both, or random erasing. Each is measured once in a fresh process pinned to
 one core (images/s per core: TensorFlow sizes its thread pools to the cores it may use), and
 once in this process on all cores. Last, the first batch is timed when resuming at steps 0 to
-1,000,000: the stream starts where it stopped, without reading what came before. The folder is `--images DIR`
-(DIR/train/<class>/*.jpg), or JPEGs written for the run at ImageNet's typical size: 500x375
-and 375x500, about 100 KB each.
+1,000,000: the stream starts where it stopped, without reading what came before. The folder is
+`--images DIR` (DIR/train/<class>/*.jpg), or JPEGs written for the run at ImageNet's typical
+size: 500x375 and 375x500, about 100 KB each.
 """
 
 import json
