@@ -1,9 +1,11 @@
 """TensorFlow as the input pipeline imports it: quiet, and without GPUs."""
 
+import ast
 import os
 import subprocess
 import sys
 
+import conftest
 from helpers import REPO
 
 
@@ -18,3 +20,17 @@ def test_importing_tensorflow_prints_nothing():
   assert out.returncode == 0, out.stderr
   assert out.stdout == '[]\n'
   assert out.stderr == ''
+
+
+def test_test_modules_that_import_tensorflow_are_left_out_where_it_is_missing():
+  """A module importing TensorFlow at its top would fail to collect on JAX's CUDA images."""
+  importing = set()
+  for path in sorted((REPO / 'tests').glob('test_*.py')):
+    for node in ast.parse(path.read_text()).body:
+      names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+               [node.module] if isinstance(node, ast.ImportFrom) else [])
+      if any(name and (name.split('.')[0] in ('tensorflow', 'tensorflow_datasets')
+                       or name == 'vit_jax.data.tf_cpu') for name in names):
+        importing.add(path.stem)
+  assert importing and importing <= set(conftest.NEEDS_TENSORFLOW_MODULES), (
+      importing - set(conftest.NEEDS_TENSORFLOW_MODULES))
