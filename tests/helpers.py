@@ -161,3 +161,29 @@ def process_after(module: str, *args: str, cwd: str) -> ProcessReport:
   report = dict(line.split(': ') for line in out.stdout.splitlines()[-4:])
   return ProcessReport(int(report['arenas']), report['keras'] == 'True',
                        int(report['full collection threshold']), int(report['frozen']))
+
+
+def data_config(**overrides):
+  """The image data config's defaults with `overrides`."""
+  from vit_jax.data import images  # pylint: disable=g-import-not-at-top
+  config = images.default_config()
+  config.update(overrides)
+  return config
+
+
+def eval_arrays(dataset, batch_size):
+  """All eval batches of one pass, concatenated: (images, labels, masks, number of batches)."""
+  batches = list(dataset.eval_batches(batch_size))
+  for batch in batches:
+    assert batch['image'].shape == (batch_size, *dataset.image_shape)
+    assert batch['image'].dtype == np.float32
+    assert batch['label'].dtype == np.int32 and batch['mask'].dtype == np.float32
+  joined = {key: np.concatenate([b[key] for b in batches]) for key in ('image', 'label', 'mask')}
+  return joined['image'], joined['label'], joined['mask'], len(batches)
+
+
+def real_examples(dataset, batch_size):
+  """(image bytes, label) of every eval example with mask 1."""
+  eval_images, labels, masks, _ = eval_arrays(dataset, batch_size)
+  return [(image.tobytes(), int(label))
+          for image, label, mask in zip(eval_images, labels, masks) if mask == 1]

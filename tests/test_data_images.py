@@ -1,43 +1,17 @@
-"""Tests for the image input pipeline (vit_jax.data.images) on embedded and generated data."""
+"""The image input pipeline (vit_jax.data.images) on the embedded digits: splits, eval and
+train batches, crops, RandAugment, hosts' shares (image folders and TFDS: test_data_sources)."""
 
-import importlib
-import importlib.resources
-import logging
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from helpers import data_config, eval_arrays, real_examples
 
 from vit_jax.data import augment
 from vit_jax.data import images
 from vit_jax.data import sources
 from vit_jax.data.tf_cpu import tf
-
-
-def _config(**overrides):
-  config = images.default_config()
-  config.update(overrides)
-  return config
-
-
-def _eval_arrays(dataset, batch_size):
-  """All eval batches of one pass, concatenated: (images, labels, masks, number of batches)."""
-  batches = list(dataset.eval_batches(batch_size))
-  for batch in batches:
-    assert batch['image'].shape == (batch_size, *dataset.image_shape)
-    assert batch['image'].dtype == np.float32
-    assert batch['label'].dtype == np.int32 and batch['mask'].dtype == np.float32
-  joined = {key: np.concatenate([b[key] for b in batches]) for key in ('image', 'label', 'mask')}
-  return joined['image'], joined['label'], joined['mask'], len(batches)
-
-
-def _real_examples(dataset, batch_size):
-  """(image bytes, label) of every eval example with mask 1."""
-  eval_images, labels, masks, _ = _eval_arrays(dataset, batch_size)
-  return [(image.tobytes(), int(label))
-          for image, label, mask in zip(eval_images, labels, masks) if mask == 1]
 
 
 @pytest.fixture(scope='module')
@@ -67,7 +41,7 @@ def test_digits_split_is_pinned():
 def test_digits_eval_images_are_the_digits_scaled_to_unit_range(digits):
   from sklearn import datasets  # pylint: disable=g-import-not-at-top
   raw = datasets.load_digits()
-  eval_images, labels, masks, _ = _eval_arrays(digits, 360)
+  eval_images, labels, masks, _ = eval_arrays(digits, 360)
   assert masks.tolist() == [1.0] * 360
   assert eval_images.min() == -1.0 and eval_images.max() == 1.0
   # Gray is repeated to 3 channels; pixel values 0..16 map linearly onto [-1, 1].
@@ -79,7 +53,7 @@ def test_digits_eval_images_are_the_digits_scaled_to_unit_range(digits):
 
 def test_eval_counts_every_example_once_and_masks_padding(digits):
   batch_size = 64  # 360 = 5 * 64 + 40: the last batch holds 24 padding examples.
-  eval_images, labels, masks, num_batches = _eval_arrays(digits, batch_size)
+  eval_images, labels, masks, num_batches = eval_arrays(digits, batch_size)
   assert num_batches == digits.num_eval_batches(batch_size) == 6
   assert masks.tolist() == [1.0] * 360 + [0.0] * 24
   np.testing.assert_array_equal(labels[:360], sources.digits_splits()['test'][1])
@@ -87,19 +61,19 @@ def test_eval_counts_every_example_once_and_masks_padding(digits):
 
 
 def test_eval_is_deterministic(digits):
-  first, _, _, _ = _eval_arrays(digits, 100)
-  again, _, _, _ = _eval_arrays(digits, 100)
-  rebuilt, _, _, _ = _eval_arrays(images.build(_config(), process_index=0, process_count=1), 100)
+  first, _, _, _ = eval_arrays(digits, 100)
+  again, _, _, _ = eval_arrays(digits, 100)
+  rebuilt, _, _, _ = eval_arrays(images.build(data_config(), process_index=0, process_count=1), 100)
   np.testing.assert_array_equal(first, again)
   np.testing.assert_array_equal(first, rebuilt)
 
 
 def test_eval_resize_ratio_takes_the_central_window(digits):
   # Resize to 4 * 2 = 8 (the digits' own size, so no resampling), then keep the central 4x4.
-  cropped = images.build(_config(image_size=4, eval_resize_ratio=2.0), process_index=0,
+  cropped = images.build(data_config(image_size=4, eval_resize_ratio=2.0), process_index=0,
                          process_count=1)
-  full, _, _, _ = _eval_arrays(digits, 360)
-  center, _, _, _ = _eval_arrays(cropped, 360)
+  full, _, _, _ = eval_arrays(digits, 360)
+  center, _, _, _ = eval_arrays(cropped, 360)
   np.testing.assert_array_equal(center, full[:, 2:6, 2:6, :])
 
 
@@ -142,7 +116,7 @@ def test_train_batches_shape_range_and_reproducibility(digits):
 
 def test_train_batches_are_shuffled_epochs_that_never_end(digits):
   # 'resize' at the native size and no flip: train images are the digits themselves.
-  plain = images.build(_config(train_crop='resize'), process_index=0, process_count=1)
+  plain = images.build(data_config(train_crop='resize'), process_index=0, process_count=1)
   batch_size = 479  # 1437 = 3 * 479: one epoch is exactly three batches.
   iterator = plain.train_batches(batch_size=batch_size, seed=0)
   for _ in range(2):  # Two epochs, each a permutation of the train split.
@@ -155,7 +129,7 @@ def test_train_batches_are_shuffled_epochs_that_never_end(digits):
 @pytest.mark.parametrize('train_crop', images.TRAIN_CROPS)
 @pytest.mark.parametrize('channels', [1, 3])
 def test_train_crops_give_model_sized_images(train_crop, channels):
-  config = _config(train_crop=train_crop, image_size=12, channels=channels, flip=True)
+  config = data_config(train_crop=train_crop, image_size=12, channels=channels, flip=True)
   dataset = images.build(config, process_index=0, process_count=1)
   batch = next(dataset.train_batches(batch_size=16, seed=0))
   assert dataset.image_shape == (12, 12, channels)
@@ -166,7 +140,7 @@ def test_train_crops_give_model_sized_images(train_crop, channels):
 
 
 def test_mixup_gives_soft_labels_that_sum_to_one():
-  dataset = images.build(_config(mixup_alpha=0.4), process_index=0, process_count=1)
+  dataset = images.build(data_config(mixup_alpha=0.4), process_index=0, process_count=1)
   batch = next(dataset.train_batches(batch_size=64, seed=0))
   labels = batch['label']
   assert labels.shape == (64, 10) and labels.dtype == np.float32
@@ -179,8 +153,8 @@ def test_mixup_gives_soft_labels_that_sum_to_one():
 
 
 def test_randaugment_through_build_changes_images_and_keeps_shape():
-  plain = next(images.build(_config(), process_index=0, process_count=1).train_batches(64, seed=0))
-  config = _config(randaugment_layers=2, randaugment_magnitude=9)
+  plain = next(images.build(data_config(), process_index=0, process_count=1).train_batches(64, seed=0))
+  config = data_config(randaugment_layers=2, randaugment_magnitude=9)
   augmented = next(images.build(config, process_index=0, process_count=1).train_batches(64, seed=0))
   assert augmented['image'].shape == plain['image'].shape == (64, 8, 8, 3)
   assert augmented['image'].dtype == np.float32
@@ -260,18 +234,18 @@ def test_augment_ops_do_what_their_names_say():
 
 
 def test_two_hosts_eval_shares_are_disjoint_and_cover_the_split(digits):
-  hosts = [images.build(_config(), process_index=i, process_count=2) for i in range(2)]
-  shares = [_real_examples(host, batch_size=64) for host in hosts]
+  hosts = [images.build(data_config(), process_index=i, process_count=2) for i in range(2)]
+  shares = [real_examples(host, batch_size=64) for host in hosts]
   assert [len(share) for share in shares] == [180, 180]
   assert [host.local_num_test_examples for host in hosts] == [180, 180]
   assert hosts[0].num_eval_batches(64) == hosts[1].num_eval_batches(64) == 3
-  everything = _real_examples(digits, batch_size=64)
+  everything = real_examples(digits, batch_size=64)
   assert sorted(shares[0] + shares[1]) == sorted(everything)
   assert not set(shares[0]) & set(shares[1])
 
 
 def test_two_hosts_train_on_disjoint_halves():
-  config = _config(train_crop='resize')  # Unaugmented, so images identify examples.
+  config = data_config(train_crop='resize')  # Unaugmented, so images identify examples.
   epochs = []
   for index, size in [(0, 719), (1, 718)]:  # 1437 train examples: the first host gets one more.
     batch = next(images.build(config, process_index=index, process_count=2).train_batches(size))
@@ -281,225 +255,24 @@ def test_two_hosts_train_on_disjoint_halves():
   assert len(epochs[0] | epochs[1]) == len({image.tobytes() for image in train_images})
 
 
-# ------------------------------------------------------------------------------ image folders
-
-
-def _write(path, data):
-  os.makedirs(os.path.dirname(path), exist_ok=True)
-  with open(path, 'wb') as f:
-    f.write(data)
-
-
-def _png(pixels):
-  return tf.io.encode_png(pixels).numpy()
-
-
-def _make_folder(root):
-  """train/{cat,dog} with RGB, grayscale and RGBA PNGs, a JPEG and a corrupt file; test/ too."""
-  rng = np.random.default_rng(0)
-
-  def rgb(height, width):
-    return rng.integers(0, 256, (height, width, 3), np.uint8)
-
-  _write(f'{root}/train/cat/a.png', _png(rgb(10, 12)))
-  _write(f'{root}/train/cat/b.png', _png(rgb(6, 6)))
-  _write(f'{root}/train/cat/gray.png', _png(rng.integers(0, 256, (9, 9, 1), np.uint8)))
-  _write(f'{root}/train/dog/c.JPG', tf.io.encode_jpeg(rgb(16, 8)).numpy())
-  _write(f'{root}/train/dog/rgba.png', _png(rng.integers(0, 256, (7, 7, 4), np.uint8)))
-  _write(f'{root}/train/dog/corrupt.jpg', b'<html>not an image</html>')
-  _write(f'{root}/train/dog/notes.txt', b'not an image file name')
-  _write(f'{root}/test/cat/d.png', _png(rgb(8, 8)))
-  _write(f'{root}/test/dog/e.jpeg', tf.io.encode_jpeg(rgb(8, 8)).numpy())
-  _write(f'{root}/test/dog/f.png', _png(rng.integers(0, 256, (8, 8, 1), np.uint8)))
-  truncated = _png(rgb(8, 8))
-  _write(f'{root}/test/dog/truncated.png', truncated[:len(truncated) // 2])
-
-
-@pytest.mark.parametrize('cache', [False, True])
-def test_folder_dataset(tmp_path, caplog, capfd, cache):
-  _make_folder(tmp_path)
-  config = _config(dataset=str(tmp_path), image_size=8, train_crop='resize', cache=cache)
-  with caplog.at_level(logging.WARNING):
-    dataset = images.build(config, process_index=0, process_count=1)
-  assert dataset.num_classes == 2 and dataset.class_names == ('cat', 'dog')
-  # The corrupt file is skipped and reported; notes.txt is not an image name, so not counted.
-  assert dataset.skipped_files == (os.path.join(str(tmp_path), 'train', 'dog', 'corrupt.jpg'),)
-  assert 'corrupt.jpg' in caplog.text and 'Skipped 1 of 6' in caplog.text
-  assert dataset.num_train_examples == 5
-  assert dataset.num_test_examples == 4  # truncated.png looks like a PNG until it is decoded.
-
-  # Eval: the truncated PNG fails to decode and is dropped, named on stderr; labels are sorted
-  # class indices.
-  eval_images, labels, masks, num_batches = _eval_arrays(dataset, batch_size=4)
-  assert num_batches == 1 and masks.tolist() == [1.0, 1.0, 1.0, 0.0]
-  assert (f'warning: {tmp_path}/test/dog/truncated.png could not be decoded (TensorFlow says '
-          'why above); evaluation leaves it out.') in capfd.readouterr().err
-  assert sorted(labels[:3].tolist()) == [0, 1, 1]
-  gray = eval_images[:3][(eval_images[:3, ..., 0] == eval_images[:3, ..., 1]).all(axis=(1, 2))]
-  assert len(gray) == 1  # The grayscale test PNG came out as 3 equal channels.
-
-  iterator = dataset.train_batches(batch_size=4, seed=0)
-  for _ in range(5):  # Several epochs over images of different sizes and channel counts.
-    batch = next(iterator)
-    assert batch['image'].shape == (4, 8, 8, 3) and set(batch['label'].tolist()) <= {0, 1}
-
-
-@pytest.mark.parametrize('folder, overrides', [
-    (False, dict(mixup_alpha=0.2, randaugment_layers=2, randaugment_magnitude=9)),
-    (True, dict(train_crop='resize')),
-    (True, dict(train_crop='inception_crop', randaugment_layers=1, randaugment_magnitude=5)),
-    (True, dict(train_crop='resize', cache=True)),
-])
-def test_pipelines_trace_their_functions_without_autograph(tmp_path, monkeypatch, folder,
-                                                           overrides):
-  """Every function given to tf.data is traced as written: AutoGraph's source rewrite took
-  most of each pipeline's build time, and a function that needed it would now fail here."""
-  from tensorflow.python.autograph.impl import api  # pylint: disable=g-import-not-at-top
-  converted = []
-  convert = api._convert_actual  # pylint: disable=protected-access
-  monkeypatch.setattr(api, '_convert_actual',
-                      lambda entity, *args: converted.append(entity) or convert(entity, *args))
-  if folder:
-    _make_folder(tmp_path)
-    overrides = dict(dataset=str(tmp_path), image_size=8, **overrides)
-  dataset = images.build(_config(**overrides), process_index=0, process_count=1)
-  batch = next(dataset.train_batches(batch_size=4, seed=0))
-  assert batch['image'].shape == (4, *dataset.image_shape)
-  assert next(iter(dataset.eval_batches(4)))['image'].shape == (4, *dataset.image_shape)
-  assert not converted, converted
-
-
-def test_folder_hosts_share_the_test_split(tmp_path):
-  _make_folder(tmp_path)
-  config = _config(dataset=str(tmp_path))
-  everything = _real_examples(images.build(config, process_index=0, process_count=1), 2)
-  shares = [_real_examples(images.build(config, process_index=i, process_count=2), 2)
-            for i in range(2)]
-  assert len(everything) == 3  # 4 test files, one of them undecodable.
-  assert sorted(shares[0] + shares[1]) == sorted(everything)
-
-
-def test_folder_without_images_is_a_clear_error(tmp_path):
-  os.makedirs(tmp_path / 'train' / 'cat')
-  os.makedirs(tmp_path / 'test' / 'cat')
-  with pytest.raises(ValueError, match=r'No images in .*train.*expected the layout'):
-    images.build(_config(dataset=str(tmp_path)), process_index=0, process_count=1)
-
-
-def test_folder_without_test_split_is_a_clear_error(tmp_path):
-  _write(f'{tmp_path}/train/cat/a.png', _png(np.zeros((4, 4, 3), np.uint8)))
-  with pytest.raises(ValueError, match=r"has no 'test' subdirectory"):
-    images.build(_config(dataset=str(tmp_path)), process_index=0, process_count=1)
-
-
-# ------------------------------------------------------------------------------ TFDS
-
-
-def test_tfds_dataset_through_build_with_mock_data():
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  with tfds.testing.mock_data(num_examples=10):
-    dataset = images.build(_config(dataset='cifar10', image_size=16, train_crop='inception_crop',
-                                   flip=True), process_index=0, process_count=1)
-    assert dataset.num_classes == 10
-    assert len(dataset.class_names) == 10  # The TFDS label feature's names.
-    assert dataset.image_shape == (16, 16, 3)
-    assert dataset.num_test_examples == 10
-    _, labels, masks, num_batches = _eval_arrays(dataset, batch_size=4)
-    assert num_batches == 3 and masks.tolist() == [1.0] * 10 + [0.0] * 2
-    assert set(labels[:10].tolist()) <= set(range(10))
-    batch = next(dataset.train_batches(batch_size=4, seed=0))
-    assert batch['image'].shape == (4, 16, 16, 3)
-    assert -1.0 <= batch['image'].min() and batch['image'].max() <= 1.0
-
-
-def _store_tiny_tfds_dataset(data_dir, monkeypatch):
-  """Prepares 'tiny_images' (train 10, test 7 examples; test label = example id) in data_dir."""
-  import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-  try:
-    importlib.import_module('importlib_resources')
-  except ImportError:  # TFDS's dataset writer wants it; the standard library's module does.
-    monkeypatch.setitem(sys.modules, 'importlib_resources', importlib.resources)
-  rng = np.random.default_rng(0)
-
-  def split(num_examples):
-    pixels = rng.integers(0, 256, (num_examples, 6, 5, 3), np.uint8)
-    return tf.data.Dataset.from_tensor_slices({'image': pixels, 'label': np.arange(num_examples)})
-
-  features = tfds.features.FeaturesDict({
-      'image': tfds.features.Image(shape=(None, None, 3)),
-      'label': tfds.features.ClassLabel(num_classes=10),
-  })
-  tfds.dataset_builders.store_as_tfds_dataset(
-      name='tiny_images', version='1.0.0', features=features, data_dir=str(data_dir),
-      split_datasets={'train': split(10), 'test': split(7)})
-
-
-def test_tfds_two_hosts_share_a_prepared_dataset(tmp_path, monkeypatch):
-  _store_tiny_tfds_dataset(tmp_path, monkeypatch)
-  config = _config(dataset='tiny_images', tfds_data_dir=str(tmp_path), image_size=4)
-  hosts = [images.build(config, process_index=i, process_count=2) for i in range(2)]
-  assert hosts[0].num_train_examples == 10 and hosts[0].num_test_examples == 7
-  assert [host.local_num_test_examples for host in hosts] == [4, 3]
-  assert hosts[0].num_eval_batches(3) == hosts[1].num_eval_batches(3) == 2
-  labels = []
-  for host in hosts:
-    _, host_labels, masks, _ = _eval_arrays(host, batch_size=3)
-    labels.extend(host_labels[masks == 1].tolist())
-  assert sorted(labels) == list(range(7))  # Each test example exactly once across hosts.
-  batch = next(hosts[1].train_batches(batch_size=2, seed=0))
-  assert batch['image'].shape == (2, 4, 4, 3)
-
-
-def test_unprepared_tfds_dataset_is_a_clear_error(tmp_path):
-  config = _config(dataset='mnist', tfds_data_dir=str(tmp_path), tfds_download=False)
-  with pytest.raises(RuntimeError) as error:
-    images.build(config, process_index=0, process_count=1)
-  message = str(error.value)
-  assert "'mnist' is not prepared" in message and str(tmp_path) in message
-  assert 'tfds build mnist' in message and 'tfds_data_dir' in message
-
-
 # ------------------------------------------------------------------------------ config errors
-
-
-def test_unknown_dataset_name_says_what_was_tried():
-  with pytest.raises(ValueError) as error:
-    images.build(_config(dataset='cifar1O'), process_index=0, process_count=1)
-  message = str(error.value)
-  assert "Unknown dataset 'cifar1O'" in message
-  assert "not 'digits'" in message and 'not an existing directory' in message
-  assert 'TFDS' in message and 'cifar10' in message  # The close TFDS name is suggested.
-
-
-def test_missing_folder_path_is_a_clear_error(tmp_path):
-  missing = str(tmp_path / 'my_images')
-  with pytest.raises(ValueError, match=r"Image folder '.*my_images' .* does not exist; expected"):
-    images.build(_config(dataset=missing), process_index=0, process_count=1)
-
-
-def test_a_train_class_folder_without_images_is_a_clear_error(tmp_path):
-  _make_folder(tmp_path)
-  os.makedirs(tmp_path / 'train' / 'checkpoints' / '0')  # Not a class: holds no image.
-  with pytest.raises(ValueError, match=r"Train folder '.*train' has class folders with no "
-                                       r"images: \['checkpoints'\]; remove them"):
-    images.build(_config(dataset=str(tmp_path)), process_index=0, process_count=1)
 
 
 def test_config_mistakes_are_named():
   with pytest.raises(ValueError, match="Unknown data config keys.*'image_sise'"):
     images.build({'image_sise': 8}, process_index=0, process_count=1)
   with pytest.raises(ValueError, match="train_crop='center'"):
-    images.build(_config(train_crop='center'), process_index=0, process_count=1)
+    images.build(data_config(train_crop='center'), process_index=0, process_count=1)
   with pytest.raises(ValueError, match=r"eval_resize='shorter' \(expected one of \('square', "
                                        r"'shorter_side'\)\)"):
-    images.build(_config(eval_resize='shorter'), process_index=0, process_count=1)
+    images.build(data_config(eval_resize='shorter'), process_index=0, process_count=1)
   with pytest.raises(ValueError, match="only has splits 'train'"):
-    images.build(_config(test_split='validation'), process_index=0, process_count=1)
+    images.build(data_config(test_split='validation'), process_index=0, process_count=1)
   with pytest.raises(ValueError, match=r'process_index=2 must be in \[0, process_count=2\)'):
-    images.build(_config(), process_index=2, process_count=2)
+    images.build(data_config(), process_index=2, process_count=2)
   with pytest.raises(ValueError, match=r"shuffle_buffer=500 applies to TFDS datasets stored as "
                                        r"tfrecord.*'digits' is read by index"):
-    images.build(_config(shuffle_buffer=500), process_index=0, process_count=1)
+    images.build(data_config(shuffle_buffer=500), process_index=0, process_count=1)
 
 
 def test_importing_images_does_not_import_tensorflow():

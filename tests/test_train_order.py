@@ -289,8 +289,8 @@ def test_tfds_mock_data_resumes_reading_only_from_the_resume_point(monkeypatch, 
 
 
 def test_tfds_tfrecord_stream_resumes_with_the_same_batches(tmp_path, monkeypatch):
-  import test_data_images  # pylint: disable=g-import-not-at-top
-  test_data_images._store_tiny_tfds_dataset(tmp_path, monkeypatch)
+  import test_data_sources  # pylint: disable=g-import-not-at-top
+  test_data_sources._store_tiny_tfds_dataset(tmp_path, monkeypatch)
 
   def build():
     return images.build(_config(dataset='tiny_images', tfds_data_dir=str(tmp_path),
