@@ -188,7 +188,7 @@ class ImageDataset:
         as_written(lambda _, example: {'image': example['image'], 'label': example['label']}))
 
   def _seeds(self, seed: int) -> tuple[int, int, int]:
-    """(shuffle, augmentation, mixup) seeds: reproducible from `seed`, different on each host."""
+    """(shuffle, augmentation, batch) seeds: reproducible from `seed`, different on each host."""
     words = np.random.SeedSequence([seed, self._process_index]).generate_state(3)
     return tuple(int(w) for w in words)
 

@@ -3,7 +3,7 @@
 Position p of a host's stream (p = step * batch_size + row) is record
 `train_order.record_index(p)`, so a run resumed at step N starts reading at position
 N * batch_size. Every random choice is seeded by position (crop, flip, RandAugment) or step
-(mixup), so the stream is the same whether or not the run stopped. Records that fail to
+(erasing, mixup), so the stream is the same whether or not the run stopped. Records that fail to
 decode keep their position (see `train_order.fill_failed_rows`).
 
 Images of one size are batched first and preprocessed as whole batches; images of varying
@@ -28,7 +28,7 @@ _AUTOTUNE = tf.data.AUTOTUNE
 class Seeds:
   shuffle: int  # The order of each epoch.
   augment: int  # Crops, flips, RandAugment: with the position.
-  mixup: int  # Random erasing, mixup and CutMix: with the step.
+  batch: int  # Random erasing, mixup and CutMix: with the step.
 
 
 def _failed(shape) -> dict:
@@ -197,7 +197,7 @@ def _finished(batches, source, config, num_classes: int, seeds: Seeds):
       batch.pop('ok', None)
     # uint8 until here: 4x less to copy.
     batch['image'] = preprocess.normalize(batch['image'], config)
-    batch_seed = tf.stack([tf.constant(seeds.mixup, tf.int64), step])
+    batch_seed = tf.stack([tf.constant(seeds.batch, tf.int64), step])
     if config.random_erasing_prob > 0:
       erasing_seed = tf.random.experimental.stateless_fold_in(batch_seed, 1)
       batch['image'] = erasing.random_erasing(batch['image'], config.random_erasing_prob,
