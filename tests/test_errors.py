@@ -83,6 +83,11 @@ CASES = {
     'missing weights file': ([DIGITS, '--workdir={root}/new',
                               '--config.pretrained={root}/missing.npz'],
                              r'Checkpoint .*missing\.npz does not exist'),
+    'missing teacher': (['--config=configs/deit.py:DeiT-testing,digits',
+                         '--workdir={root}/new_student', '--config.teacher={root}/no_teacher',
+                         '--config.distillation=hard'],
+                        r"Teacher '.*no_teacher' \(config\.teacher\) does not exist: train the "
+                        r'teacher there first'),
     'missing image': (['--workdir={root}/digits', '--config.trainer=predict',
                        '--config.predict.inputs={root}/cat.jpg'],
                       r'Image file .*cat\.jpg \(config\.predict\.inputs\) does not exist'),
@@ -121,6 +126,7 @@ def test_a_mistake_is_one_line(case, workdirs):
   line = user_error(out.stderr)
   assert re.search(expected, line), line
   assert not list(workdirs.glob('new/checkpoints/[0-9]*'))  # Nothing was trained.
+  assert not (workdirs / 'new_student').exists()  # Found while building the task: no workdir.
 
 
 def test_a_bug_keeps_its_traceback(tmp_path):

@@ -56,8 +56,6 @@ class ClassificationTask(task.BatchedTask):
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
     super().__init__(config, images.build(config.data))
-    if self.data.class_names and jax.process_index() == 0:
-      class_names.save(workdir, self.data.class_names)  # For trainer=predict.
     self.model = config_lib.build_model(config.model, num_classes=self.data.num_classes)
     self.distilled = self.model.classifier == 'token_distill'
     check_distillation(config, self.distilled)
@@ -75,6 +73,9 @@ class ClassificationTask(task.BatchedTask):
     features = self.model.clone(num_classes=0)  # Pooled pre-logits features.
     self._logits = jax.jit(lambda params, images: self.model.apply({'params': params}, images))
     self._features = jax.jit(lambda params, images: features.apply({'params': params}, images))
+    # Last, once the config has passed every check here: a mistake leaves a new workdir empty.
+    if self.data.class_names and jax.process_index() == 0:
+      class_names.save(workdir, self.data.class_names)  # For trainer=predict.
 
   def _dummy_images(self):
     return jnp.zeros((1, *self.data.image_shape), jnp.float32)
@@ -86,6 +87,10 @@ class ClassificationTask(task.BatchedTask):
       model_config = teacher_config.model
       self._teacher_inputs = _renormalization(self.config.data, teacher_config.data, path)
     else:
+      if not files.is_remote(path) and not files.exists(path):  # Remote: load_weights says.
+        raise errors.MissingFileError(
+            f'Teacher {path!r} (config.teacher) does not exist: train the teacher there first, '
+            'or set config.teacher to a trained workdir or a .npz weights file.')
       if not self.config.get('teacher_model'):
         raise errors.ConfigError(f'Teacher {path!r} is a weights file: set config.teacher_model to '
                                  'its model name (e.g. ViT-B_16).')
