@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
-# The GPU measurements of issue 23, in two calls of a lent machine with one GPU:
+# The GPU measurements of issue 23, for a lent machine with one GPU:
 #
 #   bash benchmarks/gpu_check.sh wheels       # here, with PyPI: the wheels the GPU image lacks
 #                                             # -> .whl/ (carry it)
 #   bash benchmarks/gpu_check.sh before REV   # here: vit_jax as of git revision REV -> .before/
 #                                             # (carry it), the baseline of "what each change gave"
-#   bash benchmarks/gpu_check.sh vit          # there: ViT-B/16 bf16 train vs timm with its kernel
-#                                             # breakdown and optimised HLO, the trainer, larger
-#                                             # batches, the baseline, XLA options
-#   bash benchmarks/gpu_check.sh rest         # there: Transformer-base vs torch, the test suite
+#   bash benchmarks/gpu_check.sh core         # there: each acceptance line once: ViT-B/16 bf16
+#                                             # train vs timm with its kernel breakdown and
+#                                             # optimised HLO, the trainer, Transformer-base vs
+#                                             # torch, the test suite
+#   bash benchmarks/gpu_check.sh variants     # there: larger batches, the baseline, options
 #
-# Each part writes its logs and --json reports under runs/gpu_check/PART (packed into
+# BUDGET_S=N stops starting runs once N seconds have passed and cuts each run's time limit to
+# what is left, so that the whole part ends inside the device call's time limit. Each part
+# writes its logs and --json reports under runs/gpu_check/PART (packed into
 # $OUT/gpu_check_PART.tgz where the device tool's $OUT is set) and prints one table of every
 # run last (python -m vit_jax.benchmark.runs_table). Runs go in the order of the issue's
 # acceptance lines; one that fails or runs past its time limit is reported and the next one
@@ -36,8 +39,8 @@ if [[ $part == before ]]; then
   echo "vit_jax of $(git rev-parse --short "$rev") in .before/"
   exit 0
 fi
-if [[ $part != vit && $part != rest ]]; then
-  echo "usage: bash benchmarks/gpu_check.sh wheels|before REV|vit|rest (got '${part}')" >&2
+if [[ $part != core && $part != variants ]]; then
+  echo "usage: bash benchmarks/gpu_check.sh wheels|before REV|core|variants (got '${part}')" >&2
   exit 2
 fi
 
@@ -59,17 +62,28 @@ else
   s2s=(--model Transformer-base --batch 128 --seq-len 128 --decode-length 64)
   trainer_steps=300; log_every=50; limit=150; suite=(tests)
 fi
+budget=${BUDGET_S:-0}
 failed=()
+skipped=()
 reports=()
 
 run() {  # run NAME COMMAND...: the command's output to $logs/NAME.log and the screen.
-  local name=$1
+  local name=$1 time_limit=$limit
   shift
-  echo "=== $name: $*"
-  timeout "$limit" "$@" 2>&1 | tee "$logs/$name.log"
+  if ((budget > 0)); then
+    local left=$((budget - SECONDS))
+    if ((left < 30)); then
+      skipped+=("$name")
+      echo "=== $name: skipped, ${SECONDS}s of BUDGET_S=${budget} spent"
+      return
+    fi
+    ((left < time_limit)) && time_limit=$left
+  fi
+  echo "=== $name (${SECONDS}s): $*"
+  timeout "$time_limit" "$@" 2>&1 | tee "$logs/$name.log"
   local status=${PIPESTATUS[0]}
   if [[ $status != 0 ]]; then
-    failed+=("$name (exit $status$([[ $status == 124 ]] && echo ", past ${limit}s"))")
+    failed+=("$name (exit $status$([[ $status == 124 ]] && echo ", past ${time_limit}s"))")
   fi
 }
 
@@ -81,16 +95,17 @@ bench() {  # bench NAME FLAGS...: python -m vit_jax.benchmark with a --json repo
 }
 
 train=(--mode train --model "$vit" --dtype bfloat16 --resolution "$res" "${steps[@]}")
-if [[ $part == vit ]]; then
+b=${batches[0]}
+if [[ $part == core ]]; then
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit \
     --format=csv 2>/dev/null
   python3 -c 'import jax, flax, optax, orbax.checkpoint as o; print("jax", jax.__version__,
     "flax", flax.__version__, "optax", optax.__version__, "orbax", o.__version__, jax.devices())'
-  b=${batches[0]}
   # The reference (as README's table), against timm, with the kernel-time breakdown and the
   # optimised HLO of the step.
   bench "vit_b$b" "${train[@]}" --batch "$b" --compare timm --trace /tmp/vit_trace \
     --hlo-out "$logs/vit_b$b.hlo"
+  find /tmp/vit_trace -name perfetto_trace.json.gz -size -12M -exec cp {} "$logs/" \;
   # The trainer on the reference's model, batch and optimizer, input made without TensorFlow.
   rm -rf /tmp/trainer_vit
   run trainer python3 -m vit_jax.main --config="configs/vit.py:$vit,synthetic" \
@@ -102,9 +117,15 @@ if [[ $part == vit ]]; then
     --config.eval_batch_size=256 --config.data.synthetic_test_examples=256
   mkdir -p "$logs/trainer"
   cp /tmp/trainer_vit/{metrics.jsonl,config.json} "$logs/trainer/" 2>/dev/null
+  bench transformer_base "${s2s[@]}" --mode seq2seq --dtype bfloat16 "${steps[@]}" \
+    --compare torch --beam-size 4
+  # The suite: GPU-only paths run, TensorFlow's are skipped with the reason (-rs).
+  limit=$((limit * 3))
+  run suite env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -n 8 -rs \
+    -p no:cacheprovider "${suite[@]}"
+else
   # Larger batches; what this version's changes gave (the same flags on .before's vit_jax).
-  b=${batches[1]}
-  bench "vit_b$b" "${train[@]}" --batch "$b"
+  bench "vit_b${batches[1]}" "${train[@]}" --batch "${batches[1]}"
   bench "vit_b${batches[2]}" "${train[@]}" --batch "${batches[2]}"
   if [[ -d .before/vit_jax ]]; then
     name="vit_b${b}_before"
@@ -112,30 +133,24 @@ if [[ $part == vit ]]; then
     run "$name" env -C .before python3 -m vit_jax.benchmark "${train[@]}" --batch "$b" \
       --json "$logs/$name.json"
   fi
-  # Options, at the middle batch size.
+  # Options, at the reference batch size.
   bench "vit_b${b}_no_triton_gemm" "${train[@]}" --batch "$b" \
     --xla-option xla_gpu_enable_triton_gemm=false
   bench "vit_b${b}_state_bf16" "${train[@]}" --batch "$b" --optimizer-state-dtype bfloat16
-else
-  bench transformer_base "${s2s[@]}" --mode seq2seq --dtype bfloat16 "${steps[@]}" \
-    --compare torch --beam-size 4
-  # The suite: GPU-only paths run, TensorFlow's are skipped with the reason (-rs).
-  limit=$((limit * 3))
-  run suite env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -n 8 -rs \
-    -p no:cacheprovider "${suite[@]}"
 fi
 
-echo "=== all runs ($part)"
+echo "=== all runs ($part, ${SECONDS}s)"
 tables=()
 for report in "${reports[@]}"; do [[ -e $report ]] && tables+=("$report"); done
 against=()
-if [[ $part == vit && -e $logs/trainer/metrics.jsonl ]]; then
+if [[ $part == core && -e $logs/trainer/metrics.jsonl ]]; then
   tables+=("$logs/trainer/metrics.jsonl")
-  [[ -e $logs/vit_b${batches[0]}.json ]] && against=(--against "$logs/vit_b${batches[0]}.json")
+  [[ -e $logs/vit_b$b.json ]] && against=(--against "$logs/vit_b$b.json")
 fi
 ((${#tables[@]})) && python3 -m vit_jax.benchmark.runs_table "${tables[@]}" "${against[@]}"
 grep -h -E '^[0-9]+ (passed|failed)|^=+ .*(passed|failed)' "$logs/suite.log" 2>/dev/null | tail -1
 [[ -n ${OUT:-} ]] && tar czf "$OUT/gpu_check_$part.tgz" -C runs/gpu_check "$part"
+((${#skipped[@]})) && echo "skipped (BUDGET_S): ${skipped[*]}"
 if ((${#failed[@]})); then
   echo "failed: ${failed[*]}"
   exit 1
