@@ -23,14 +23,18 @@ def test_summary_uses_the_gpu_kernels_and_counts_self_time():
       _span('nvjet_hsh_128x256_gemm', 1, 7, 0, 600),
       _span('cudnn_generated_fort_native_sdpa_sm90', 1, 7, 600, 300),
       _span('loop_add_fusion', 1, 7, 900, 100),
+      # The patch embedding's convolution on cuDNN (a kernel name seen on an H200).
+      _span('sm80_xmma_fprop_implicit_gemm_indexed_bf16bf16_bf16f32_f32_nhwckrsc_nhwc_'
+            'tilesize256x64x32_stage3_warpsize4x1x1_g1_tensor16x8x16_execute_kernel__5x_cudnn',
+            1, 7, 1000, 200),
       _span('fusion.3', 2, 1, 0, 5000, hlo_op='fusion.3'),  # Host side: left out.
   ]
   summary = trace.summarise({'traceEvents': events}, steps=2)
-  assert summary['source'] == trace.DEVICE_SOURCE and summary['events'] == 3
-  assert summary['op_ms_per_step'] == pytest.approx(0.5)
+  assert summary['source'] == trace.DEVICE_SOURCE and summary['events'] == 4
+  assert summary['op_ms_per_step'] == pytest.approx(0.6)
   shares = {row['name']: row['share'] for row in summary['categories']}
-  assert shares == pytest.approx({'matmul': 0.6, 'attention': 0.3,
-                                  'fusion (elementwise/reduce)': 0.1})
+  assert shares == pytest.approx({'matmul': 8 / 12, 'attention': 3 / 12,
+                                  'fusion (elementwise/reduce)': 1 / 12})
   # Without device tracks, the host's XLA ops; a while loop counts less its body.
   host = [_span('while.1', 2, 1, 0, 1000, hlo_op='while.1'),
           _span('dot.2', 2, 1, 100, 700, hlo_op='dot.2'),

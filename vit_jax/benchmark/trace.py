@@ -23,6 +23,8 @@ from vit_jax import errors
 
 CATEGORIES: tuple[tuple[str, re.Pattern], ...] = tuple(
     (name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (
+        # cuDNN's convolution kernels (the patch embedding) name cuDNN too.
+        ('matmul', r'implicit_gemm|convolve'),
         ('attention', r'fmha|flash|sdpa|dot_product_attention|cudnn(?![-_]?conv)'),
         ('matmul', r'gemm|cublas|cutlass|nvjet|dot|convolution|conv(?!ert)'),
         ('collective', r'all[-_]reduce|all[-_]gather|reduce[-_]scatter|all[-_]to[-_]all|nccl'
