@@ -124,8 +124,10 @@ if [[ $part == core ]]; then
   run suite env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -n 8 -rs \
     -p no:cacheprovider "${suite[@]}"
 else
-  # Larger batches; what this version's changes gave (the same flags on .before's vit_jax).
+  # Larger batches; what this version's changes gave: the steps timed one by one (as
+  # versions before --timing did), the same flags on .before's vit_jax.
   bench "vit_b${batches[1]}" "${train[@]}" --batch "${batches[1]}"
+  bench "vit_b${b}_isolated" "${train[@]}" --batch "$b" --timing isolated
   bench "vit_b${batches[2]}" "${train[@]}" --batch "${batches[2]}"
   if [[ -d .before/vit_jax ]]; then
     name="vit_b${b}_before"

@@ -7,11 +7,11 @@ import pytest
 from vit_jax.benchmark import runs_table
 
 _ARGS = {'model': 'ViT-B_16', 'mode': 'train', 'batch': 128, 'dtype': 'bfloat16',
-         'attention': 'auto', 'matmul': 'auto', 'xla_option': []}
+         'attention': 'auto', 'matmul': 'auto', 'xla_option': [], 'timing': 'pipelined'}
 
 
 def _vit_report(images_per_s, **args):
-  return {'args': {**_ARGS, **args}, 'ours': {
+  return {'args': {**_ARGS, **args}, 'device': {'platform': 'gpu'}, 'ours': {
       'images_per_s': images_per_s, 'mfu': 0.323, 'memory': {'device_peak_bytes': 3 * 2**30}}}
 
 
@@ -44,6 +44,7 @@ def test_table_names_options_peers_and_the_trainer_against_the_benchmark(tmp_pat
   seq2seq = tmp_path / 'transformer.json'
   seq2seq.write_text(json.dumps({
       'args': {**_ARGS, 'model': 'Transformer-base', 'mode': 'seq2seq'},
+      'device': {'platform': 'gpu'},
       'memory': {'device_peak_bytes': 2**30},
       'train': {'tokens_per_s': 250000.0, 'mfu': 0.4},
       'decode_cached': {'tokens_per_s': 9000.0, 'mfu': None},
@@ -67,6 +68,19 @@ def test_table_names_options_peers_and_the_trainer_against_the_benchmark(tmp_pat
   assert lines[5].split()[0] == 'trainer' and lines[5].split()[-1] == '0.980'
   assert lines[6] == f'missing (the run that writes them failed or did not run): ' \
                      f'{tmp_path / "never_written.json"}'
+
+
+def test_timing_is_named_where_it_is_not_autos_choice():
+  what = lambda report: runs_table.report_rows('r.json', report)[0]['what']  # noqa: E731
+  report = _vit_report(3000.0)
+  assert what(report) == 'ViT-B_16 train b128 bfloat16'  # Pipelined on a GPU.
+  report['args']['timing'] = 'isolated'
+  assert what(report) == 'ViT-B_16 train b128 bfloat16 (timing isolated)'
+  report['device']['platform'] = 'cpu'
+  assert what(report) == 'ViT-B_16 train b128 bfloat16'
+  del report['args']['timing']  # A report from before --timing: isolated steps.
+  report['device']['platform'] = 'gpu'
+  assert what(report) == 'ViT-B_16 train b128 bfloat16 (timing isolated)'
 
 
 def test_a_file_of_another_kind_is_a_one_line_error(tmp_path, capsys):

@@ -106,6 +106,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--warmup', type=int, default=3, help='untimed steps after compiling')
   parser.add_argument('--rounds', type=int, default=5,
                       help='alternation rounds the timed steps are split into')
+  parser.add_argument('--timing', default='auto', choices=timing.TIMINGS,
+                      help="'pipelined': the next step is queued before waiting for one, as in "
+                      "training; 'isolated': each step starts when the one before is ready "
+                      "(its time includes launching it); 'auto': isolated on CPUs, else "
+                      'pipelined')
   parser.add_argument('--compare', choices=('timm', 'torch'),
                       help='also time the peer: timm (infer, train) or torch.nn.Transformer '
                       '(seq2seq)')
@@ -218,6 +223,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   if args.hlo_out and (args.mode == 'data' or args.profile or args.attention_memory
                        or args.compile_depth):
     parser.error('--hlo-out applies to --mode infer, train and seq2seq')
+  if args.timing != 'auto' and (args.mode == 'data' or args.compile_for
+                                or args.attention_memory or args.compile_depth):
+    parser.error('--timing applies to the timed steps of --mode infer, train and seq2seq')
   if args.trace_steps < 1 or args.beam_size < 0:
     parser.error('--trace-steps must be positive and --beam-size non-negative')
   if args.steps < 1 or args.batch < 1 or args.warmup < 0:
@@ -237,8 +245,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> tuple[dict, str]:
   """Runs the benchmark `args` select; returns (all figures, the printed table)."""
+  platform = timing.device_info()['platform']
+  chosen_timing = args.timing
+  args.timing = timing.resolve_timing(args.timing, platform)
   with kernels.use(args.matmul, args.dropout_masks):
     report, text, title = _run(args)
+  if args.timing != timing.resolve_timing('auto', platform) and chosen_timing != 'auto':
+    title += f' | {args.timing} steps'
   if args.xla_option:
     title += ' | XLA ' + ' '.join(args.xla_option)
   info = timing.device_info()

@@ -16,6 +16,8 @@ import json
 import os
 from typing import Sequence
 
+from vit_jax.benchmark import timing
+
 # Benchmark flags shown in a row's "what ran" when they differ from these defaults.
 _SHOWN_DEFAULTS = {'attention': 'auto', 'matmul': 'auto', 'scan_layers': False, 'remat': False,
                    'optimizer_state_dtype': 'float32', 'xla_option': [], 'packed': False}
@@ -28,13 +30,18 @@ def _label(path: str) -> str:
   return os.path.splitext(os.path.basename(path))[0]
 
 
-def _options(args: dict) -> str:
+def _options(args: dict, platform: str) -> str:
   shown = []
   for key, default in _SHOWN_DEFAULTS.items():
     value = args.get(key, default)
     if value != default:
       shown.append(' '.join(value) if key == 'xla_option' else
                    key if value is True else f'{key} {value}')
+  # How steps were timed, where it is not --timing auto's choice (reports without it, from
+  # before the flag, timed isolated steps).
+  how = args.get('timing', 'isolated')
+  if how != timing.resolve_timing('auto', platform):
+    shown.append(f'timing {how}')
   return ', '.join(shown)
 
 
@@ -47,7 +54,7 @@ def report_rows(path: str, report: dict) -> list[dict]:
   """Rows of one benchmark report."""
   args = report['args']
   what = f'{args["model"]} {args["mode"]} b{args["batch"]} {args["dtype"]}'
-  options = _options(args)
+  options = _options(args, report.get('device', {}).get('platform', ''))
   what += f' ({options})' if options else ''
   label = _label(path)
   if args['mode'] == 'seq2seq':

@@ -161,13 +161,13 @@ def benchmark_seq2seq(args) -> dict:
   if args.compare == 'torch':
     fields = dataclasses.asdict(model)
     runners['torch_train'] = torch_seq2seq.TorchSeq2SeqRunner(
-        fields, args.vocab_size, peer_batch['inputs'], peer_batch['targets'])
+        fields, args.vocab_size, peer_batch['inputs'], peer_batch['targets'], args.dtype)
   for runner in runners.values():
     for _ in range(args.warmup):
       runner()
   memory_figures = {'device_peak_bytes': memory.device_peak_bytes(),
                     'process_peak_rss_bytes': memory.peak_rss_bytes()}
-  timings = timing.time_alternating(runners, args.steps, args.rounds)
+  timings = timing.time_alternating(runners, args.steps, args.rounds, args.timing)
   peak = timing.peak_tflops(args.dtype, args.peak_tflops)
   target_tokens = int(np.sum(np.asarray(targets) > 0))
   tokens = {'train': target_tokens, 'torch_train': int(np.sum(peer_batch['targets'] > 0)),

@@ -28,7 +28,7 @@ from vit_jax.models import attention
 from vit_jax.train.losses import cross_entropy
 
 
-class _HostBatching:
+class _HostBatching(timing.Runner):
   """One `packing.batch` call per step, on the examples `packed_pairs` draws."""
 
   def __init__(self, args):
@@ -37,8 +37,9 @@ class _HostBatching:
                                                        args.vocab_size, args.sentence_length)
     self.max_length = args.seq_len
 
-  def __call__(self):
+  def start(self):
     packing.batch(self.examples, self.rows, self.max_length, packed=True)
+    return lambda: None
 
 
 def _masks(batch: dict, num_layers: int) -> list:
@@ -125,7 +126,7 @@ def benchmark_seq2seq_profile(args) -> dict:
   for runner in runners.values():
     for _ in range(args.warmup):
       runner()
-  timings = timing.time_alternating(runners, args.steps, args.rounds)
+  timings = timing.time_alternating(runners, args.steps, args.rounds, args.timing)
   medians = {name: float(np.median(t.times)) for name, t in timings.items()}
   step = medians['train step']
   return {'parts': {name: {'ms': 1e3 * s, 'share_of_step': s / step}

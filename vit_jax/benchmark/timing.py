@@ -1,7 +1,14 @@
-"""Compiled steps, timed one by one; achieved FLOP/s and MFU.
+"""Compiled steps, timed as training runs them; achieved FLOP/s and MFU.
 
-Timing: after compilation (reported separately) and `--warmup` steps, every step
-is timed on its own, blocking until its results are ready. Runners to compare
+Timing: after compilation (reported separately) and `--warmup` steps, each timed step's
+time is the wall-clock time between its results being ready and the previous step's.
+`pipelined` queues the next step before waiting for one, as the trainer's loop does (JAX
+dispatches asynchronously), so the host's time to launch a step overlaps the device's
+work on the one before; each round starts with one untimed step so that the first timed
+step is queued too. `isolated` starts each step only when the one before is ready, so each
+time includes the launch. `auto` (the default) pipelines on accelerators, where launching
+a step's kernels takes the host milliseconds, and isolates steps on CPUs, where the host
+and the step share the cores and launching costs next to nothing. Runners to compare
 alternate in rounds so that background load hits them alike.
 
 FLOPs: `vit_jax.flops.count_flops` counts multiply-adds of the jitted function
@@ -60,21 +67,57 @@ class Timing:
             'items_per_s': items_per_step / median}
 
 
-def time_alternating(runners: dict[str, Callable[[], Any]], steps: int,
-                     rounds: int) -> dict[str, Timing]:
-  """Times `steps` calls of each runner, alternating the runners in `rounds` rounds.
+TIMINGS = ('auto', 'pipelined', 'isolated')
 
-  Each runner performs one step and returns only when its results are ready.
+
+def resolve_timing(how: str, platform: str) -> str:
+  """`how` ('auto' becomes 'isolated' on CPUs, else 'pipelined')."""
+  if how != 'auto':
+    return how
+  return 'isolated' if platform == 'cpu' else 'pipelined'
+
+
+class Runner:
+  """One step of an implementation per `start()`, which returns a function that waits for
+  that step's results; calling the runner runs one step and waits."""
+
+  def start(self) -> Callable[[], Any]:
+    raise NotImplementedError
+
+  def __call__(self):
+    self.start()()
+
+
+def time_alternating(runners: dict[str, Runner], steps: int, rounds: int,
+                     how: str = 'pipelined') -> dict[str, Timing]:
+  """Times `steps` steps of each runner, alternating the runners in `rounds` rounds.
+
+  `how`: 'pipelined' or 'isolated' (see the module's docstring).
   """
+  if how not in ('pipelined', 'isolated'):
+    raise ValueError(f'how={how!r} is neither pipelined nor isolated')
   timings = {name: Timing() for name in runners}
   rounds = max(1, min(rounds, steps))
   per_round = [steps // rounds + (i < steps % rounds) for i in range(rounds)]
   for count in per_round:
-    for name, run in runners.items():
-      for _ in range(count):
-        start = time.perf_counter()
-        run()
-        timings[name].times.append(time.perf_counter() - start)
+    for name, runner in runners.items():
+      times = timings[name].times
+      if how == 'isolated':
+        for _ in range(count):
+          start = time.perf_counter()
+          runner()
+          times.append(time.perf_counter() - start)
+        continue
+      lead = runner.start()  # Untimed: the first timed step queues behind it.
+      queued = runner.start()
+      lead()
+      ready = time.perf_counter()
+      for i in range(count):
+        following = runner.start() if i + 1 < count else None
+        queued()
+        now = time.perf_counter()
+        times.append(now - ready)
+        ready, queued = now, following
   return timings
 
 
@@ -131,7 +174,7 @@ def throughput_figures(macs: int | None, step_s: float, peak: float | None) -> d
           'mfu': achieved / peak if peak else None}
 
 
-class OursRunner:
+class OursRunner(Runner):
   """A compiled step of our model and the state it threads through the steps."""
 
   def __init__(self, fn: Callable, args: tuple, *, donate_state: bool,
@@ -149,9 +192,13 @@ class OursRunner:
     with open(path, 'w') as f:
       f.write(self.compiled.as_text())
 
-  def __call__(self):
-    out = self.compiled(*self.args)
+  def start(self) -> Callable[[], Any]:
+    out = self.compiled(*self.args)  # Dispatched; JAX returns before the device is done.
+    ready = out
     if self.donate_state:  # The new state replaces the donated one.
       self.args = (out[0],) + self.args[1:]
-    jax.block_until_ready(out)
+      # The next step may take the state before this one is waited for; the other outputs
+      # come from the same execution and are ready with it.
+      ready = out[1:]
     self.output = out
+    return lambda: jax.block_until_ready(ready)

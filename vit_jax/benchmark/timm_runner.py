@@ -12,7 +12,7 @@ import jax
 import numpy as np
 
 from vit_jax import errors, models
-from vit_jax.benchmark import steps, timing
+from vit_jax.benchmark import steps, timing, torch_device
 
 # Our registry name -> timm model name (created with pretrained=False).
 TIMM_NAMES = {
@@ -41,22 +41,14 @@ def import_timm(extra_path: str | None):
   return torch, timm
 
 
-class TimmRunner:
+class TimmRunner(timing.Runner):
   """The timm model with our weights, stepping like ours (eval forward or AdamW step)."""
 
   def __init__(self, args, params, images: np.ndarray, labels: np.ndarray):
     from vit_jax import weights  # pylint: disable=g-import-not-at-top
     torch, timm = import_timm(args.timm_path)
     self.torch = torch
-    platform = jax.devices()[0].platform
-    if platform == 'gpu' and torch.cuda.is_available():
-      self.device = torch.device('cuda')
-    elif platform == 'cpu':
-      self.device = torch.device('cpu')
-      torch.set_num_threads(timing.device_info()['cpu_cores'])  # The cores XLA uses.
-    else:
-      raise errors.ConfigError(f'No torch device matches the JAX {platform} backend; '
-                               '--compare timm runs on CPUs and CUDA GPUs.')
+    self.device = torch_device.matching_device(torch, '--compare timm')
     if args.model not in TIMM_NAMES:
       raise errors.ConfigError(f'No timm counterpart of {args.model}; --compare timm knows '
                                f'{", ".join(TIMM_NAMES)}.')
@@ -101,7 +93,7 @@ class TimmRunner:
     return self.torch.autocast(self.device.type, dtype=self.torch.bfloat16,
                                enabled=self.autocast)
 
-  def __call__(self):
+  def start(self):
     torch = self.torch
     if self.mode == 'infer':
       with torch.inference_mode(), self._autocast():
@@ -114,8 +106,7 @@ class TimmRunner:
       torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
       self.optimizer.step()
       self.optimizer.zero_grad(set_to_none=True)
-    if self.device.type == 'cuda':
-      torch.cuda.synchronize()
+    return torch_device.queued_work_waiter(torch, self.device)
 
   def reset_peak_memory(self):
     if self.device.type == 'cuda':

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.benchmark import timing
+from vit_jax.benchmark import timing, torch_device
 
 
 def import_torch():
@@ -34,13 +34,16 @@ def _sinusoids(length: int, width: int) -> np.ndarray:
   return np.concatenate([np.sin(angles), np.cos(angles)], axis=1).astype(np.float32)
 
 
-class TorchSeq2SeqRunner:
-  """One training step of the torch peer per call."""
+class TorchSeq2SeqRunner(timing.Runner):
+  """One training step of the torch peer per step, on the device JAX runs on; `bfloat16`
+  runs it under autocast, as ours computes in bfloat16 with float32 parameters."""
 
-  def __init__(self, fields: dict, vocab_size: int, inputs: np.ndarray, targets: np.ndarray):
+  def __init__(self, fields: dict, vocab_size: int, inputs: np.ndarray, targets: np.ndarray,
+               dtype: str):
     torch = import_torch()
     self.torch = torch
-    torch.set_num_threads(timing.device_info().get('cpu_cores') or torch.get_num_threads())
+    self.device = torch_device.matching_device(torch, '--compare torch')
+    self.autocast = dtype == 'bfloat16'
     torch.manual_seed(0)
     width = fields['embed_dim']
     self.width = width
@@ -51,37 +54,42 @@ class TorchSeq2SeqRunner:
         num_decoder_layers=fields['num_layers'], dim_feedforward=fields['mlp_dim'],
         dropout=fields['dropout_rate'], activation=fields['activation'], batch_first=True,
         norm_first=fields['norm_position'] == 'pre')
-    self.inputs = torch.from_numpy(inputs.astype(np.int64))
-    self.targets = torch.from_numpy(targets.astype(np.int64))
+    self.embedding.to(self.device)
+    self.transformer.to(self.device)
+    on_device = lambda array: torch.from_numpy(array).to(self.device)  # noqa: E731
+    self.inputs = on_device(inputs.astype(np.int64))
+    self.targets = on_device(targets.astype(np.int64))
     shifted = np.pad(targets, ((0, 0), (1, 0)))[:, :-1]  # Start token 0, as ours.
-    self.shifted = torch.from_numpy(shifted.astype(np.int64))
+    self.shifted = on_device(shifted.astype(np.int64))
     length = max(inputs.shape[1], targets.shape[1])
-    self.positions = torch.from_numpy(_sinusoids(length, width))
+    self.positions = on_device(_sinusoids(length, width))
     steps = targets.shape[1]  # True above the diagonal: a query does not see later keys.
-    self.causal = torch.triu(torch.ones(steps, steps, dtype=torch.bool), diagonal=1)
+    self.causal = on_device(np.triu(np.ones((steps, steps), bool), k=1))
     self.source_padding = self.inputs == 0  # The batch is fixed: its masks are made once.
     self.target_padding = self.shifted == 0
     self.target_padding[:, 0] = False  # The start token 0 is not padding.
     self.parameters = list(self.embedding.parameters()) + list(self.transformer.parameters())
     self.optimizer = torch.optim.AdamW(self.parameters, lr=1e-4, weight_decay=1e-4)
     self.transformer.train()
-    self.threads = torch.get_num_threads()
+    self.threads = torch.get_num_threads() if self.device.type == 'cpu' else None
 
   def _embed(self, tokens):
     x = self.embedding(tokens) * math.sqrt(self.width)
     return x + self.positions[:tokens.shape[1]]
 
-  def __call__(self):
+  def start(self):
     torch = self.torch
-    out = self.transformer(self._embed(self.inputs), self._embed(self.shifted),
-                           tgt_mask=self.causal, tgt_is_causal=True,
-                           src_key_padding_mask=self.source_padding,
-                           memory_key_padding_mask=self.source_padding,
-                           tgt_key_padding_mask=self.target_padding)
-    logits = out @ self.embedding.weight.T  # (B, T, V): the tied output projection.
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+      out = self.transformer(self._embed(self.inputs), self._embed(self.shifted),
+                             tgt_mask=self.causal, tgt_is_causal=True,
+                             src_key_padding_mask=self.source_padding,
+                             memory_key_padding_mask=self.source_padding,
+                             tgt_key_padding_mask=self.target_padding)
+      logits = out @ self.embedding.weight.T  # (B, T, V): the tied output projection.
+    loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
                                              self.targets.reshape(-1), ignore_index=0)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(self.parameters, 1.0)
     self.optimizer.step()
     self.optimizer.zero_grad(set_to_none=True)
+    return torch_device.queued_work_waiter(torch, self.device)

@@ -104,7 +104,7 @@ def benchmark_vit(args) -> dict:
                               'process_peak_rss_bytes': memory.peak_rss_bytes()}
     runners['timm'] = timm_runner
 
-  timings = timing.time_alternating(runners, args.steps, args.rounds)
+  timings = timing.time_alternating(runners, args.steps, args.rounds, args.timing)
   peak = timing.peak_tflops(args.dtype, args.peak_tflops)
   # MFU counts the model's work, for both: not what remat or the chunked kernel recompute,
   # nor the token that cuDNN's even lengths add.
