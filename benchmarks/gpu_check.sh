@@ -60,7 +60,7 @@ if [[ ${SMOKE:-0} == 1 ]]; then
 else
   vit=ViT-B_16; res=224; batches=(128 256 512); steps=(--steps 15 --warmup 2 --rounds 3)
   s2s=(--model Transformer-base --batch 128 --seq-len 128 --decode-length 64)
-  trainer_steps=300; log_every=50; limit=150; suite=(tests)
+  trainer_steps=150; log_every=50; limit=150; suite=(tests)
 fi
 budget=${BUDGET_S:-0}
 failed=()
@@ -125,10 +125,12 @@ if [[ $part == core ]]; then
     -p no:cacheprovider "${suite[@]}"
 else
   # Larger batches; what this version's changes gave: the steps timed one by one (as
-  # versions before --timing did), the same flags on .before's vit_jax.
-  bench "vit_b${batches[1]}" "${train[@]}" --batch "${batches[1]}"
-  bench "vit_b${b}_isolated" "${train[@]}" --batch "$b" --timing isolated
+  # versions before --timing did), XLA's attention instead of cuDNN's, the same flags on
+  # .before's vit_jax.
   bench "vit_b${batches[2]}" "${train[@]}" --batch "${batches[2]}"
+  bench "vit_b${b}_isolated" "${train[@]}" --batch "$b" --timing isolated
+  bench "vit_b${batches[1]}" "${train[@]}" --batch "${batches[1]}"
+  bench "vit_b${b}_xla_attention" "${train[@]}" --batch "$b" --attention fused
   if [[ -d .before/vit_jax ]]; then
     name="vit_b${b}_before"
     reports+=("$logs/$name.json")
