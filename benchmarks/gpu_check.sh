@@ -124,10 +124,13 @@ if [[ $part == core ]]; then
   run suite env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -n 8 -rs \
     -p no:cacheprovider "${suite[@]}"
 else
-  # Larger batches; what this version's changes gave: the steps timed one by one (as
-  # versions before --timing did), XLA's attention instead of cuDNN's, the same flags on
-  # .before's vit_jax.
+  # The largest batch; the products without Triton's GEMM fusions (the H200 run's step had
+  # no bias or GELU in a cuBLASLt epilogue, the compile without autotuning had); what this
+  # version's changes gave: the steps timed one by one (as versions before --timing did),
+  # XLA's attention instead of cuDNN's, the same flags on .before's vit_jax; options.
   bench "vit_b${batches[2]}" "${train[@]}" --batch "${batches[2]}"
+  bench "vit_b${b}_no_triton_gemm" "${train[@]}" --batch "$b" \
+    --xla-option xla_gpu_enable_triton_gemm=false --hlo-out "$logs/vit_b${b}_no_triton_gemm.hlo"
   bench "vit_b${b}_isolated" "${train[@]}" --batch "$b" --timing isolated
   bench "vit_b${batches[1]}" "${train[@]}" --batch "${batches[1]}"
   bench "vit_b${b}_xla_attention" "${train[@]}" --batch "$b" --attention fused
@@ -137,9 +140,6 @@ else
     run "$name" env -C .before python3 -m vit_jax.benchmark "${train[@]}" --batch "$b" \
       --json "$logs/$name.json"
   fi
-  # Options, at the reference batch size.
-  bench "vit_b${b}_no_triton_gemm" "${train[@]}" --batch "$b" \
-    --xla-option xla_gpu_enable_triton_gemm=false
   bench "vit_b${b}_state_bf16" "${train[@]}" --batch "$b" --optimizer-state-dtype bfloat16
 fi
 
