@@ -1,6 +1,7 @@
 """Timed steps: pipelined as training runs them, or isolated; the torch peers' devices."""
 
 import concurrent.futures
+import re
 import time
 
 import numpy as np
@@ -75,3 +76,13 @@ def test_torch_peer_of_seq2seq_runs_where_jax_does_in_bfloat16(tmp_path, capsys)
                             '--mlp-dim', '24')
   assert report['torch_train']['tokens_per_s'] > 0
   assert report['torch_train']['torch_threads'] == report['device']['cpu_cores']
+
+
+def test_a_run_says_on_stderr_what_it_has_compiled_and_what_it_times(tmp_path, capsys):
+  assert cli.main([*TINY_VIT, '--json', str(tmp_path / 'out.json')]) == 0
+  captured = capsys.readouterr()
+  assert captured.err.splitlines() == [
+      captured.err.splitlines()[0],
+      'benchmark: timing 2 isolated steps each of ours in 2 rounds']
+  assert re.fullmatch(r'benchmark: our step compiled in \d+\.\d s', captured.err.splitlines()[0])
+  assert captured.out.startswith('ViT-testing infer')  # The table stays on stdout.

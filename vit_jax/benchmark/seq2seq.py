@@ -145,23 +145,25 @@ def benchmark_seq2seq(args) -> dict:
   runners = {
       'train': timing.OursRunner(train_step, (steps.make_train_state(
           jax.tree.map(jnp.copy, params), tx), batch, None), donate_state=True,
-                                 xla_options=options),
+                                 xla_options=options, name='train step'),
       'decode_cached': timing.OursRunner(cached, (params, inputs), donate_state=False,
-                                         xla_options=options),
+                                         xla_options=options, name='cached greedy decoding'),
       'decode_uncached': timing.OursRunner(uncached, (params, inputs), donate_state=False,
-                                           xla_options=options),
+                                           xla_options=options,
+                                           name='uncached greedy decoding'),
   }
   if args.beam_size:  # The translate mode's beam search (it may stop before the length).
     runners['decode_beam'] = timing.OursRunner(
         lambda p, x: decode.beam_search(model, p, x, max_length=args.decode_length,
                                         beam_size=args.beam_size, alpha=0.6)[0][:, 0],
-        (params, inputs), donate_state=False, xla_options=options)
+        (params, inputs), donate_state=False, xla_options=options, name='beam search')
   if args.hlo_out:
     runners['train'].write_hlo(args.hlo_out)
   if args.compare == 'torch':
     fields = dataclasses.asdict(model)
     runners['torch_train'] = torch_seq2seq.TorchSeq2SeqRunner(
         fields, args.vocab_size, peer_batch['inputs'], peer_batch['targets'], args.dtype)
+    timing.progress(f'torch peer built on {runners["torch_train"].device}')
   for runner in runners.values():
     for _ in range(args.warmup):
       runner()

@@ -19,6 +19,7 @@ table `PEAK_TFLOPS` by device kind; on CPUs it is left blank.
 
 import dataclasses
 import os
+import sys
 import time
 from typing import Any, Callable
 
@@ -49,6 +50,11 @@ PEAK_TFLOPS: tuple[tuple[str, float, float], ...] = (
     ('TPU v4', 275.0, 275.0),
     ('TPU v3', 123.0, 123.0),
 )
+
+
+def progress(message: str):
+  """One line on stderr as a long run goes (the table comes at the end, on stdout)."""
+  print(f'benchmark: {message}', file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass
@@ -98,6 +104,7 @@ def time_alternating(runners: dict[str, Runner], steps: int, rounds: int,
     raise ValueError(f'how={how!r} is neither pipelined nor isolated')
   timings = {name: Timing() for name in runners}
   rounds = max(1, min(rounds, steps))
+  progress(f'timing {steps} {how} steps each of {", ".join(runners)} in {rounds} rounds')
   per_round = [steps // rounds + (i < steps % rounds) for i in range(rounds)]
   for count in per_round:
     for name, runner in runners.items():
@@ -178,12 +185,13 @@ class OursRunner(Runner):
   """A compiled step of our model and the state it threads through the steps."""
 
   def __init__(self, fn: Callable, args: tuple, *, donate_state: bool,
-               xla_options: dict | None = None):
+               xla_options: dict | None = None, name: str = 'our step'):
     self.fn = jax.jit(fn, donate_argnums=0 if donate_state else ())
     self.args = args
     self.donate_state = donate_state
     self.macs = count_flops(fn, *args)
     self.compiled, self.compile_s = compile_jitted(self.fn, *args, options=xla_options)
+    progress(f'{name} compiled in {self.compile_s:.1f} s')
     self.memory_analysis = memory.memory_analysis(self.compiled)
     self.output = None
 

@@ -77,6 +77,7 @@ def benchmark_vit(args) -> dict:
   timm_runner = None
   if args.compare == 'timm':
     timm_runner = TimmRunner(args, params, images_np, labels_np)
+    timing.progress(f'timm {TIMM_NAMES[args.model]} built on {timm_runner.device}')
     reference = models.get_model(args.model, num_classes=steps.NUM_CLASSES,
                                  **{**steps.model_overrides(args), 'dtype': jnp.float32})
     check_logits = np.asarray(jax.jit(
