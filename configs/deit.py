@@ -4,7 +4,8 @@ python -m vit_jax.main --config=configs/deit.py:DeiT-S_16,cifar10 --workdir=runs
     --config.teacher=runs/teacher --config.distillation=hard
 The argument is MODEL,DATASET. Defaults follow the DeiT recipe: AdamW, cosine decay,
 label smoothing, drop-path, RandAugment, random erasing (a quarter of the images), mixup and
-CutMix (half the batches each), inputs
+CutMix (half the batches each), repeated augmentation (each image three times in a row,
+augmented apart), inputs
 normalized with ImageNet's pixel mean and std, as Facebook's DeiT weights expect, and DeiT's
 eval crop (the shorter side resized to 256, bicubic, the central 224); the distillation
 token's share of the loss is 0.5 (config.distillation_weight).
@@ -30,6 +31,7 @@ def get_config(arg: str = 'DeiT-S_16,cifar10'):
   config.data.mixup_alpha = 0.8
   config.data.cutmix_alpha = 1.0
   config.data.random_erasing_prob = 0.25
+  config.data.repeated_augmentation = 3
   config.data.pixel_mean = normalization.IMAGENET_MEAN
   config.data.pixel_std = normalization.IMAGENET_STD
   config.batch_size = 1024

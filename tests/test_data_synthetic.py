@@ -48,9 +48,10 @@ def test_eval_batches_cover_the_test_split_once_across_hosts():
 @pytest.mark.parametrize('fields, message', [
     ({'dataset': 'digits'}, "Only dataset 'synthetic' reads config.data.synthetic_classes=7, "
      "synthetic_test_examples=23, synthetic_train_examples=50, and the dataset is 'digits'"),
-    ({'mixup_alpha': 0.2}, 'batches, so mixup_alpha=0.2 cannot apply: set it to 0.'),
+    ({'mixup_alpha': 0.2}, 'batches, so mixup_alpha=0.2 cannot apply: leave it out.'),
     ({'cutmix_alpha': 1.0, 'random_erasing_prob': 0.25},
-     'cutmix_alpha=1.0 and random_erasing_prob=0.25 cannot apply: set them to 0.'),
+     'cutmix_alpha=1.0 and random_erasing_prob=0.25 cannot apply: leave them out.'),
+    ({'repeated_augmentation': 3}, 'so repeated_augmentation=3 cannot apply: leave it out.'),
     ({'train_split': 'train[:98%]'}, "not 'train[:98%]' and 'test'"),
     ({'synthetic_test_examples': 0}, 'synthetic_test_examples=0: expected an int >= 1'),
 ])

@@ -298,3 +298,54 @@ def test_tfds_tfrecord_stream_resumes_with_the_same_batches(tmp_path, monkeypatc
   assert build()._source.read_train is None  # pylint: disable=protected-access
   expected = _batches(build(), 8)
   _assert_same(_batches(build(), 3, start_step=5), expected[5:])
+
+
+# --------------------------------------------------------------- repeated augmentation
+
+
+def test_repeats_give_each_draw_of_the_order_that_many_times_in_a_row():
+  n, seed = 37, 5
+  positions = tf.range(3 * 2 * n, dtype=tf.int64)  # Two epochs of draws, three copies each.
+  repeated = train_order.record_index(positions, n, seed, repeats=3).numpy()
+  draws = train_order.record_index(tf.range(2 * n, dtype=tf.int64), n, seed).numpy()
+  np.testing.assert_array_equal(repeated, np.repeat(draws, 3))
+
+
+def _rows_in_threes(batch):
+  labels = batch['label'].reshape(-1, 3)
+  assert (labels == labels[:, :1]).all()
+  copies = batch['image'].reshape(-1, 3, *batch['image'].shape[1:])
+  return copies
+
+
+@pytest.mark.parametrize('process_count', [1, 2])
+def test_digits_copies_come_in_a_row_augmented_apart_and_resume(process_count):
+  def build():
+    return images.build(_config(repeated_augmentation=3, crop_padding=2), process_index=0,
+                        process_count=process_count)
+  stream = build().train_batches(12, seed=0)
+  batches = [next(stream) for _ in range(4)]
+  differing = [not np.array_equal(copies[:, 0], copies[:, 1])
+               for copies in map(_rows_in_threes, batches)]
+  assert all(differing)  # Each copy has its own crop.
+  resumed = build().train_batches(12, seed=0, start_step=2)
+  _assert_same([next(resumed), next(resumed)], batches[2:])
+
+
+def test_folder_and_tfrecord_stream_copies_come_in_a_row_and_resume(tmp_path, monkeypatch):
+  import test_data_sources  # pylint: disable=g-import-not-at-top
+  test_data_sources._store_tiny_tfds_dataset(tmp_path, monkeypatch)
+  _make_folder(tmp_path / 'folder')
+  for bad in ('a/html.jpg', 'b/truncated.jpg'):  # A failed copy would take another's place.
+    os.remove(tmp_path / 'folder' / 'train' / bad)
+  for fields in ({'dataset': str(tmp_path / 'folder'), 'image_size': 8,
+                  'train_crop': 'inception_crop'},
+                 {'dataset': 'tiny_images', 'tfds_data_dir': str(tmp_path), 'image_size': 4}):
+    def build():
+      return images.build(_config(**fields, repeated_augmentation=3), process_index=0,
+                          process_count=1)
+    stream = build().train_batches(6, seed=0)
+    expected = [next(stream) for _ in range(3)]
+    for batch in expected:
+      _rows_in_threes(batch)
+    _assert_same([next(build().train_batches(6, seed=0, start_step=2))], expected[2:])

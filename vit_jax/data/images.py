@@ -72,6 +72,9 @@ def default_config() -> ml_collections.ConfigDict:
   # Share of train images given one rectangle of N(0, 1) noise (random erasing, timm's 'pixel'
   # mode), before mixup and CutMix; 0 disables (DeiT: 0.25).
   config.random_erasing_prob = 0.0
+  # Copies of each train image in a row of the stream, each augmented on its own (repeated
+  # augmentation; DeiT: 3); an epoch of N examples then holds N / copies distinct images.
+  config.repeated_augmentation = 1
   # 0: every epoch a new order of the whole split; 1: keep the order; N: a buffer of N, for TFDS
   # tfrecord datasets (read as a stream; 0 gives them 10,000).
   config.shuffle_buffer = 0
@@ -108,6 +111,7 @@ def _checked_config(config) -> ml_collections.ConfigDict:
   check.require(c.cutmix_alpha >= 0, 'cutmix_alpha', '>= 0')
   check.require(0 <= c.cutmix_prob <= 1, 'cutmix_prob', 'in [0, 1]')
   check.require(0 <= c.random_erasing_prob <= 1, 'random_erasing_prob', 'in [0, 1]')
+  check.require_int('repeated_augmentation', 1)
   check.require_int('shuffle_buffer', 0)
   check.require_int('prefetch', -1, '-1 (AUTOTUNE) or >= 0')
   config = check.result()

@@ -36,10 +36,12 @@ def check(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict
       raise errors.ConfigError(f'config.data.{key}={config[key]!r}: expected an int >= 1.')
   augmentations = ('mixup_alpha', 'cutmix_alpha', 'randaugment_layers', 'random_erasing_prob')
   on = [f'{key}={config[key]}' for key in augmentations if config[key]]
+  if config.repeated_augmentation != 1:
+    on.append(f'repeated_augmentation={config.repeated_augmentation}')
   if on:
     raise errors.ConfigError(
         f"config.data.dataset='synthetic' makes ready-made batches, so {' and '.join(on)} "
-        f"cannot apply: set {'it' if len(on) == 1 else 'them'} to 0.")
+        f"cannot apply: leave {'it' if len(on) == 1 else 'them'} out.")
   if (config.train_split, config.test_split) != ('train', 'test'):
     raise errors.ConfigError(
         f"config.data.dataset='synthetic' has the splits 'train' and 'test', not "

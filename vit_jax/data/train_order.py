@@ -3,7 +3,9 @@
 Position p of a host's train stream (p = step * batch_size + row) is record
 `record_index(p)`: epoch p // n of the n records, each epoch a fresh stateless permutation
 (`tf.random.experimental.index_shuffle`). A run resumed at step N therefore starts at position
-N * batch_size without reading, let alone decoding, anything before it.
+N * batch_size without reading, let alone decoding, anything before it. With repeated
+augmentation (`repeats` r > 1), positions r*k to r*k + r - 1 are all draw k of that order: r
+copies of one record in a row, each augmented with its own position's seed.
 
 Records that fail to decode (a truncated JPEG in an image folder) keep their position: the
 example is marked failed, and `fill_failed_rows` gives its row of the batch to another image of
@@ -18,10 +20,11 @@ from vit_jax.data.tf_cpu import as_written, tf
 _NO_END = 2**62  # Positions of an endless stream.
 
 
-def record_index(position, num_records: int, shuffle_seed: int | None):
+def record_index(position, num_records: int, shuffle_seed: int | None, repeats: int = 1):
   """The record at each int64 `position` (a scalar or a vector): each epoch a permutation of
-  0..num_records-1; `shuffle_seed` None keeps the order."""
-  epoch, offset = position // num_records, position % num_records
+  0..num_records-1, each record `repeats` times in a row; `shuffle_seed` None keeps the order."""
+  draw = position // repeats
+  epoch, offset = draw // num_records, draw % num_records
   if shuffle_seed is None:
     return offset
   # (..., 3) seeds, one per position: the epoch's permutation. The raw op, because the
@@ -38,18 +41,19 @@ def _check_records(num_records: int):
                              'examples than there are processes.')
 
 
-def positions(start: int, num_records: int, shuffle_seed: int | None):
+def positions(start: int, num_records: int, shuffle_seed: int | None, repeats: int = 1):
   """Endless dataset of (position, record index) from position `start` on."""
   _check_records(num_records)
   return tf.data.Dataset.range(start, _NO_END).map(
-      as_written(lambda p: (p, record_index(p, num_records, shuffle_seed))))
+      as_written(lambda p: (p, record_index(p, num_records, shuffle_seed, repeats))))
 
 
-def position_batches(start: int, batch_size: int, num_records: int, shuffle_seed: int | None):
+def position_batches(start: int, batch_size: int, num_records: int, shuffle_seed: int | None,
+                     repeats: int = 1):
   """Like `positions`, batched: (positions (batch_size,), record indices (batch_size,))."""
   _check_records(num_records)
   return tf.data.Dataset.range(start, _NO_END).batch(batch_size).map(
-      as_written(lambda p: (p, record_index(p, num_records, shuffle_seed))))
+      as_written(lambda p: (p, record_index(p, num_records, shuffle_seed, repeats))))
 
 
 def failsafe_map(dataset, prepare, failed_example: dict, start: int, warning=None,

@@ -3,7 +3,9 @@
 Position p of a host's stream (p = step * batch_size + row) is record
 `train_order.record_index(p)`, so a run resumed at step N starts reading at position
 N * batch_size. Every random choice is seeded by position (crop, flip, RandAugment) or step
-(erasing, mixup), so the stream is the same whether or not the run stopped. Records that fail to
+(erasing, mixup), so the stream is the same whether or not the run stopped. With
+`config.repeated_augmentation` N > 1 each record comes N times in a row, at N positions, so
+each copy is augmented differently (DeiT's repeated augmentation). Records that fail to
 decode keep their position (see `train_order.fill_failed_rows`).
 
 Images of one size are batched first and preprocessed as whole batches; images of varying
@@ -42,14 +44,15 @@ def _order_seed(config, shuffle_seed: int) -> int | None:
   return None if config.shuffle_buffer == 1 else shuffle_seed
 
 
-def _warning(source, order_seed: int | None):
+def _warning(source, order_seed: int | None, repeats: int = 1):
   """position -> the warning line for its record when it cannot be decoded, naming it (an
   image file's path); None where the source does not name its records."""
   if source.record_name is None:
     return None
   num_records = source.local_num_train_examples
   return lambda position: train_order.undecodable(
-      source.record_name('train', train_order.record_index(position, num_records, order_seed)),
+      source.record_name('train', train_order.record_index(position, num_records, order_seed,
+                                                           repeats)),
       'another image of its batch takes its place.')
 
 
@@ -109,10 +112,13 @@ def _records(source, config, shuffle_seed: int, start: int):
     if config.cache:  # Decode once, keep in memory, shuffle the decoded examples.
       records = records.map(as_written(source.decode), num_parallel_calls=_AUTOTUNE).cache()
       records = records.map(as_written(lambda example: {**example, 'ok': tf.constant(True)}))
-    records = records.shuffle(buffer, seed=shuffle_seed).repeat().skip(start)
-    return records.enumerate(start=start)
+    records = records.shuffle(buffer, seed=shuffle_seed).repeat()
+    if config.repeated_augmentation > 1:  # Each record that many times in a row.
+      records = records.flat_map(
+          lambda record: tf.data.Dataset.from_tensors(record).repeat(config.repeated_augmentation))
+    return records.skip(start).enumerate(start=start)
   indices = train_order.positions(start, source.local_num_train_examples,
-                                  _order_seed(config, shuffle_seed))
+                                  _order_seed(config, shuffle_seed), config.repeated_augmentation)
   read = _cached_reader(source, config) if config.cache else source.read_train
   return indices.map(as_written(lambda position, index: (position, read(index))),
                      num_parallel_calls=_AUTOTUNE)
@@ -136,13 +142,14 @@ def train_dataset(source, config: ml_collections.ConfigDict, num_classes: int, s
   if source.decode is None and source.read_train is not None and not config.cache:
     # Arrays (digits): read, crop and augment whole batches at once.
     batches = train_order.position_batches(start, batch_size, source.local_num_train_examples,
-                                           _order_seed(config, seeds.shuffle))
+                                           _order_seed(config, seeds.shuffle),
+                                           config.repeated_augmentation)
     batches = batches.map(
         as_written(lambda positions, indices: (positions, source.read_train(indices))))
     return _finished(batches.map(preprocess_batch, num_parallel_calls=_AUTOTUNE), source,
                      config, num_classes, seeds)
   records = _records(source, config, seeds.shuffle, start)
-  warning = _warning(source, _order_seed(config, seeds.shuffle))
+  warning = _warning(source, _order_seed(config, seeds.shuffle), config.repeated_augmentation)
   examples = records if config.cache else _decoded(source, config, records, start, warning)
   if examples.element_spec[1]['image'].shape.is_fully_defined():
     # Images of one size: batch first, then preprocess whole batches (~10x less CPU).
