@@ -246,11 +246,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def run(args: argparse.Namespace) -> tuple[dict, str]:
   """Runs the benchmark `args` select; returns (all figures, the printed table)."""
   platform = timing.device_info()['platform']
-  chosen_timing = args.timing
   args.timing = timing.resolve_timing(args.timing, platform)
   with kernels.use(args.matmul, args.dropout_masks):
     report, text, title = _run(args)
-  if args.timing != timing.resolve_timing('auto', platform) and chosen_timing != 'auto':
+  if args.timing != timing.resolve_timing('auto', platform):  # Chosen on the command line.
     title += f' | {args.timing} steps'
   if args.xla_option:
     title += ' | XLA ' + ' '.join(args.xla_option)
