@@ -12,14 +12,18 @@
 #   bash benchmarks/gpu_check.sh variants     # there: larger batches, the baseline, options
 #
 # BUDGET_S=N stops starting runs once N seconds have passed and cuts each run's time limit to
-# what is left, so that the whole part ends inside the device call's time limit. Each part
-# writes its logs and --json reports under runs/gpu_check/PART (packed into
+# what is left, so that the whole part ends inside the device call's time limit. Both parts in
+# one call of at most 600 s (carry .whl and .before):
+#   start=$(date +%s); BUDGET_S=420 bash benchmarks/gpu_check.sh core; \
+#   left=$((555 - ($(date +%s) - start))); ((left < 1)) && left=1; \
+#   BUDGET_S=$left bash benchmarks/gpu_check.sh variants
+# Each part writes its logs and --json reports under runs/gpu_check/PART (packed into
 # $OUT/gpu_check_PART.tgz where the device tool's $OUT is set) and prints one table of every
 # run last (python -m vit_jax.benchmark.runs_table). Runs go in the order of the issue's
 # acceptance lines; one that fails or runs past its time limit is reported and the next one
 # runs. SMOKE=1 runs the same steps with tiny models and few steps, to check this script on a
 # CPU. The optimised HLO (vit_b*.hlo) reads here afterwards:
-# python -m vit_jax.benchmark.hlo_costs runs/gpu_check/vit/vit_b128.hlo --model-tflop T
+# python -m vit_jax.benchmark.hlo_costs runs/gpu_check/core/vit_b128.hlo --model-tflop T
 set -uo pipefail
 cd "$(dirname "$0")/.."
 part=${1:-}
