@@ -34,10 +34,9 @@ def check(config: ml_collections.ConfigDict, defaults: ml_collections.ConfigDict
   for key in synthetic_keys:
     if not isinstance(config[key], int) or isinstance(config[key], bool) or config[key] < 1:
       raise errors.ConfigError(f'config.data.{key}={config[key]!r}: expected an int >= 1.')
-  augmentations = ('mixup_alpha', 'cutmix_alpha', 'randaugment_layers', 'random_erasing_prob')
-  on = [f'{key}={config[key]}' for key in augmentations if config[key]]
-  if config.repeated_augmentation != 1:
-    on.append(f'repeated_augmentation={config.repeated_augmentation}')
+  augmentations = ('mixup_alpha', 'cutmix_alpha', 'randaugment_layers', 'random_erasing_prob',
+                   'repeated_augmentation')
+  on = [f'{key}={config[key]}' for key in augmentations if config[key] != defaults[key]]
   if on:
     raise errors.ConfigError(
         f"config.data.dataset='synthetic' makes ready-made batches, so {' and '.join(on)} "
