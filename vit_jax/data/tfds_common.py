@@ -63,7 +63,9 @@ def prepare(builder, name: str, config: ml_collections.ConfigDict, tfds):
   default_retries, downloader.MAX_RETRIES = downloader.MAX_RETRIES, config.tfds_download_retries
   try:
     with progress.phase(f'Preparing TFDS dataset {name} in {builder.data_dir} (download and '
-                        'convert; this happens once)'):
+                        'convert; this happens once; a failing download is retried '
+                        f'{config.tfds_download_retries} times with growing waits, about 3.5 '
+                        'minutes for 10, before the error: config.data.tfds_download_retries)'):
       builder.download_and_prepare(
           download_config=tfds.download.DownloadConfig(manual_dir=config.tfds_manual_dir))
   except Exception as e:  # Offline, missing manual files, ...: all end here.
