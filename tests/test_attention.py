@@ -146,24 +146,39 @@ def test_padded_length_follows_the_kernel():
     assert attention.padded_length(name, 197) == 197
 
 
-def test_encoder_pads_once_for_a_kernel_that_wants_even_lengths(monkeypatch):
-  """A ViT of 17 tokens on a kernel of even lengths: every layer sees 18 tokens and a
-  mask of the real keys, and logits and gradients equal those without padding."""
+@pytest.mark.parametrize('kernel', ['even_only', 'fused'])
+def test_encoder_pads_once_for_a_kernel_that_wants_even_lengths(monkeypatch, kernel):
+  """A ViT of 17 tokens on a kernel of even lengths: every layer sees 18 tokens, the
+  padding hidden (from a registered kernel by a boolean mask of the real keys, from
+  `fused_attention` by key lengths, as cuDNN takes them), and logits and gradients equal
+  those without padding."""
   seen = []
 
   def even_only(query, key, value, mask):
     seen.append((query.shape[1], key.shape[1], None if mask is None else mask.shape))
     return attention.fused_attention(query, key, value, mask)
 
+  def spied_attention(query, key, value, mask=None, **kwargs):
+    lengths = kwargs.get('key_value_seq_lengths')
+    seen.append((query.shape[1], key.shape[1], mask, None if lengths is None else lengths.shape))
+    return dot_product_attention(query, key, value, mask=mask, **kwargs)
+
   monkeypatch.setattr(attention, 'ATTENTION_IMPLEMENTATIONS',
                       list(attention.ATTENTION_IMPLEMENTATIONS))
   monkeypatch.setattr(attention, 'KERNELS', dict(attention.KERNELS))
   monkeypatch.setattr(attention, '_LENGTH_MULTIPLES', dict(attention._LENGTH_MULTIPLES))
-  attention.register_kernel('even_only', even_only, length_multiple=2)
+  if kernel == 'even_only':
+    attention.register_kernel('even_only', even_only, length_multiple=2)
+    expected = {(18, 18, (1, 1, 1, 18))}
+  else:
+    attention._LENGTH_MULTIPLES['fused'] = 2
+    dot_product_attention = jax.nn.dot_product_attention
+    monkeypatch.setattr(jax.nn, 'dot_product_attention', spied_attention)
+    expected = {(18, 18, None, (2,))}  # Lengths of the batch's 2 examples.
   images = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))  # 4x4 patches + class token.
   labels = jnp.array([1, 3])
-  padded = models.get_model('ViT-testing', num_classes=5, attention_impl='even_only')
-  plain = padded.clone(attention_impl='fused')
+  padded = models.get_model('ViT-testing', num_classes=5, attention_impl=kernel)
+  plain = padded.clone(attention_impl='chunked')
   params = jax.jit(plain.init)(jax.random.key(1), images)['params']
   params['head']['kernel'] = jax.random.normal(jax.random.key(2), params['head']['kernel'].shape)
 
@@ -175,13 +190,31 @@ def test_encoder_pads_once_for_a_kernel_that_wants_even_lengths(monkeypatch):
       lambda p: loss(padded, p), has_aux=True))(params)
   (plain_loss, plain_logits), plain_grads = jax.jit(jax.value_and_grad(
       lambda p: loss(plain, p), has_aux=True))(params)
-  assert set(seen) == {(18, 18, (1, 1, 1, 18))}
+  assert set(seen) == expected
   np.testing.assert_allclose(padded_logits, plain_logits, atol=1e-5, rtol=0)
   np.testing.assert_allclose(padded_loss, plain_loss, rtol=1e-6)
   # Padding changes the matrices' shapes, so the kernels sum in another order: gradients as
   # large as 40 then differ in their last float32 bits (a few parts in 1e7).
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=2e-6),
                padded_grads, plain_grads)
+
+
+def test_key_padding_is_a_mask_of_the_real_keys_on_every_path():
+  """`KeyPadding(5)` of 7 keys: the fused and plain paths, causal attention and the
+  returned weights treat it as the boolean mask of the first 5 keys."""
+  x = jax.random.normal(jax.random.key(0), (2, 7, 8))
+  padding = attention.KeyPadding(5)
+  boolean = padding.as_mask(7)
+  assert boolean.shape == (1, 1, 1, 7) and boolean.tolist()[0][0][0] == [True] * 5 + [False] * 2
+  for implementation in ('fused', 'plain', 'chunked'):
+    layer = models.MultiHeadDotProductAttention(num_heads=2, implementation=implementation)
+    variables = layer.init(jax.random.key(1), x)
+    for causal in (False, True):
+      np.testing.assert_allclose(
+          layer.apply(variables, x, mask=padding, causal=causal),
+          layer.apply(variables, x, mask=boolean, causal=causal), atol=1e-6, rtol=0)
+    _, weights = layer.apply(variables, x, mask=padding, return_weights=True)
+    assert float(jnp.abs(weights[..., 5:]).max()) == 0.0
 
 
 def test_unknown_implementation_lists_the_valid_ones():

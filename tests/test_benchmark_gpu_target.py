@@ -2,7 +2,8 @@
 
 With JAX's CUDA plugin installed (no GPU needed) the command compiles a tiny ViT's train
 step for an H200 and the program is the one we expect there: cuDNN's flash attention
-forward and backward, the tokens padded once for it (not in every layer), the MLP's GELU
+forward and backward, the tokens padded once for it (not in every layer) and the padding
+hidden by key lengths (cuDNN's padding mask, not a bias to read and differentiate), the MLP's GELU
 in the cuBLAS product's epilogue. Without the plugin, the command says what to install.
 """
 
@@ -38,10 +39,12 @@ def test_train_step_compiled_for_an_h200(tmp_path):
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'compiled for NVIDIA H200 without one (attention auto (cudnn)' in result.stdout
   hlo = hlo_path.read_text()
-  # Forward and backward of each of the 2 layers on cuDNN's flash kernel (its variant with a
-  # bias: the mask of the padding token).
-  assert len(re.findall(r'custom_call_target="__cudnn\$fmha\w*Softmax"', hlo)) == 2
-  assert len(re.findall(r'custom_call_target="__cudnn\$fmha\w*SoftmaxBackward"', hlo)) == 2
+  # Forward and backward of each of the 2 layers on cuDNN's flash kernel, the padding token
+  # hidden by key lengths: no bias, so no bias gradient for cuDNN to reduce over the batch.
+  assert len(re.findall(r'custom_call_target="__cudnn\$fmhaSoftmax"', hlo)) == 2
+  assert len(re.findall(r'custom_call_target="__cudnn\$fmhaSoftmaxBackward"', hlo)) == 2
+  assert 'Bias' not in ''.join(re.findall(r'custom_call_target="__cudnn\$fmha\w*"', hlo))
+  assert hlo.count('"mask_type": "PADDING"') == 4
   # 17 tokens padded to 18 once, before the layers; q/k/v not padded, nor the output sliced,
   # in each layer's attention.
   assert 'Transformer/jit(_pad)/pad' in hlo

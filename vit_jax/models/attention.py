@@ -1,10 +1,11 @@
-"""Multi-head dot-product attention: masks, the attention implementations, the module.
+"""Multi-head dot-product attention: the table of kernels, how 'auto' picks one, the module.
 
 Shapes use these letters: B batch, T query length, S key/value length,
 N heads, H head_dim, D model width.
 
-The module's `implementation` names the kernel (`KERNELS`): 'fused'
-(`jax.nn.dot_product_attention`, XLA), 'plain' (returns and sows the weights),
+The module's `implementation` names the kernel (`KERNELS`; the built-in ones are in
+`attention_kernels`): 'fused' (`jax.nn.dot_product_attention`, XLA; 'cudnn' is its cuDNN
+call), 'plain' (returns and sows the weights),
 'chunked' (memory linear in S, `attention_chunked`), one added with `register_kernel`,
 or 'auto' (the default), which `resolve_attention_impl` turns into the fastest kernel
 for the backend and dtype at trace time.
@@ -22,13 +23,17 @@ import jax.numpy as jnp
 
 from vit_jax import errors
 from vit_jax.models import partitioning
-from vit_jax.models.masks import (combine_masks, make_causal_mask, make_padding_mask,  # noqa: F401
-                                  make_segment_mask)
+from vit_jax.models.masks import (KeyPadding, combine_masks, make_causal_mask,  # noqa: F401
+                                  make_padding_mask, make_segment_mask)
 from vit_jax.models.attention_chunked import chunked_attention
+from vit_jax.models.attention_kernels import (dot_product_attention_weights,  # noqa: F401
+                                              fused_attention, head_major_attention,
+                                              plain_attention)
 
 Array = jax.Array
 Dtype = Any
-# A kernel: fn(query (B, T, N, H), key (B, S, N, H), value (B, S, N, H), mask) -> (B, T, N, H).
+# A kernel: fn(query (B, T, N, H), key (B, S, N, H), value (B, S, N, H), mask) -> (B, T, N, H),
+# where mask is a boolean array or None (or a `KeyPadding` for `_TAKE_KEY_PADDING`).
 Kernel = Callable[[Array, Array, Array, Array | None], Array]
 # Kernels whose training already said that attention dropout moved it to 'plain'.
 DROPOUT_NOTED: set[str] = set()
@@ -39,8 +44,12 @@ ATTENTION_IMPLEMENTATIONS = ['auto', 'fused', 'plain', 'chunked']
 _AUTO_CHOICES: list[Callable[[str, Dtype], str | None]] = []
 # Kernels that want sequences padded to a multiple of a length: cuDNN's flash attention
 # has no gradient for odd lengths. `padded_length` says how long; `layers.Encoder` pads
-# its tokens once and masks the padding out, rather than each layer padding q/k/v.
+# its tokens once and hides the padding with a `KeyPadding`, rather than each layer
+# padding q/k/v.
 _LENGTH_MULTIPLES: dict[str, int] = {'cudnn': 2}
+# Kernels that take a `KeyPadding` as it is (the others get it as a boolean mask):
+# `fused_attention` passes it on as key lengths, which cuDNN applies without a bias.
+_TAKE_KEY_PADDING = frozenset({'fused', 'cudnn'})
 # The backend 'auto' chooses for inside `target_backend`; None: `jax.default_backend()`.
 _TARGET_BACKEND = contextvars.ContextVar('vit_jax_attention_backend', default=None)
 # Cache entries of cross-attention while decoding: the projected keys/values of the
@@ -123,111 +132,6 @@ def attention_kernel(implementation: str, *, dtype: Dtype,
   return name, KERNELS[name]
 
 
-def dot_product_attention_weights(query: Array, key: Array,
-                                  mask: Array | None = None) -> Array:
-  """softmax(q k^T / sqrt(H)) with masked scores set to a large negative value.
-
-  Args:
-    query: (B, T, N, H).
-    key: (B, S, N, H).
-    mask: bool, broadcastable to (B, N, T, S); True = attend.
-
-  Returns:
-    Weights (B, N, T, S) in float32 (the softmax always runs in float32).
-  """
-  head_dim = query.shape[-1]
-  logits = jnp.einsum('btnh,bsnh->bnts', query, key)  # (B, N, T, S)
-  logits = logits.astype(jnp.float32) / jnp.sqrt(jnp.float32(head_dim))
-  if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  return jax.nn.softmax(logits, axis=-1)
-
-
-def plain_attention(query: Array, key: Array, value: Array,
-                    mask: Array | None = None, *,
-                    dropout_rate: float = 0.0,
-                    dropout_rng: Array | None = None) -> tuple[Array, Array]:
-  """Attention written out step by step; also returns the weights.
-
-  Returns:
-    (output (B, T, N, H) in the dtype of `value`, weights (B, N, T, S) float32).
-  """
-  weights = dot_product_attention_weights(query, key, mask)
-  probs = weights
-  if dropout_rate > 0.0 and dropout_rng is not None:
-    keep = jax.random.bernoulli(dropout_rng, 1.0 - dropout_rate, probs.shape)
-    probs = jnp.where(keep, probs / (1.0 - dropout_rate), 0.0)
-  out = jnp.einsum('bnts,bsnh->btnh', probs.astype(value.dtype), value)
-  return out, weights
-
-
-def fused_attention(query: Array, key: Array, value: Array,
-                    mask: Array | None = None, *, cudnn: bool = False) -> Array:
-  """Attention through `jax.nn.dot_product_attention`.
-
-  Same inputs and result as `plain_attention`, without the weights. With
-  `cudnn`, cuDNN's flash attention runs where it takes the inputs (a GPU with
-  cuDNN; float16/bfloat16; head_dim a multiple of 8, up to 128, or 256 from Hopper
-  on) and XLA elsewhere. cuDNN has no gradient for odd lengths, and says so only
-  when differentiated, maybe outside this call (under `jax.checkpoint` or a scan):
-  unmasked odd lengths run padded to even lengths with the padding masked out by
-  sequence lengths; masked odd lengths use XLA. (`layers.Encoder` pads its tokens once,
-  ViT's 197 to 198, so that its layers call this with even lengths.)
-  """
-  if mask is not None:
-    # The fused kernel wants a rank-4 mask broadcastable to (B, N, T, S).
-    mask = jnp.broadcast_to(mask, jnp.broadcast_shapes(
-        mask.shape, (1, 1, query.shape[1], key.shape[1])))
-  lengths_even = query.shape[1] % 2 == 0 and key.shape[1] % 2 == 0
-  if cudnn and (mask is None or lengths_even):
-    try:
-      if lengths_even:
-        return jax.nn.dot_product_attention(query, key, value, mask=mask,
-                                            implementation='cudnn')
-      return _cudnn_attention_padded_to_even(query, key, value)
-    except (NotImplementedError, RuntimeError, ValueError):
-      pass  # cuDNN cannot run these inputs here: XLA below.
-  return jax.nn.dot_product_attention(query, key, value, mask=mask)
-
-
-def _cudnn_attention_padded_to_even(query: Array, key: Array, value: Array) -> Array:
-  """Unmasked cuDNN attention on (B, T, N, H) inputs of odd T or S, padded by one."""
-  batch, queries, keys = query.shape[0], query.shape[1], key.shape[1]
-
-  def pad_to_even(x):  # (B, L, N, H) -> (B, L rounded up to even, N, H)
-    return jnp.pad(x, ((0, 0), (0, x.shape[1] % 2), (0, 0), (0, 0)))
-
-  out = jax.nn.dot_product_attention(
-      pad_to_even(query), pad_to_even(key), pad_to_even(value), implementation='cudnn',
-      query_seq_lengths=jnp.full((batch,), queries, jnp.int32),
-      key_value_seq_lengths=jnp.full((batch,), keys, jnp.int32))
-  return out[:, :queries]
-
-
-def head_major_attention(query: Array, key: Array, value: Array,
-                         mask: Array | None = None) -> Array:
-  """Attention as two head-major einsums, normalised after the value product.
-
-  Same inputs and result as `plain_attention`, without the weights; what 'auto'
-  runs on CPUs. With the heads leading, each einsum is one batched matrix product
-  for XLA:CPU, and the softmax divides the (T, H) output rather than the (T, S)
-  weights: about twice as fast there as `fused_attention`, and differentiated by
-  JAX as usual.
-  """
-  scale = 1.0 / jnp.sqrt(jnp.float32(query.shape[-1]))
-  q, k, v = (x.transpose(0, 2, 1, 3) for x in (query, key, value))  # (B, N, T|S, H)
-  logits = jnp.einsum('bnth,bnsh->bnts', q, k, preferred_element_type=jnp.float32) * scale
-  if mask is not None:
-    logits = jnp.where(mask, logits, jnp.finfo(jnp.float32).min)
-  # The softmax does not depend on the shift: no gradient flows through it.
-  row_max = jax.lax.stop_gradient(logits.max(axis=-1, keepdims=True))
-  unnormalised = jnp.exp(logits - row_max)  # (B, N, T, S)
-  out = jnp.einsum('bnts,bnsh->bnth', unnormalised.astype(v.dtype), v,
-                   preferred_element_type=jnp.float32)
-  out = out / unnormalised.sum(axis=-1, keepdims=True)
-  return out.transpose(0, 2, 1, 3).astype(value.dtype)
-
-
 # Each kernel by name (see `Kernel`); `register_kernel` adds more.
 KERNELS: dict[str, Kernel] = {
     'fused': fused_attention,
@@ -275,7 +179,7 @@ class MultiHeadDotProductAttention(nn.Module):
     Args:
       inputs_q: queries (B, T, D).
       inputs_kv: keys/values (B, S, D); None for self-attention.
-      mask: bool, broadcastable to (B, N, T, S); True = attend.
+      mask: bool, broadcastable to (B, N, T, S); True = attend. Or a `KeyPadding`.
       causal: add a causal mask (query t sees keys <= t). Ignored with
         `decode=True`, where the cache already hides future positions.
       deterministic: disable attention dropout.
@@ -314,21 +218,28 @@ class MultiHeadDotProductAttention(nn.Module):
       key = projection('key')(inputs_kv)  # (B, S, N, H)
       value = projection('value')(inputs_kv)  # (B, S, N, H)
 
+    order_mask = None  # What the position order hides: future keys.
     if self.decode and self_attention:
-      key, value, cache_mask = self._update_cache(key, value)
-      mask = combine_masks(mask, cache_mask)
+      key, value, order_mask = self._update_cache(key, value)
     elif causal:
-      mask = combine_masks(mask, make_causal_mask(query.shape[1]))
+      order_mask = make_causal_mask(query.shape[1])
 
     dropout_rng = None
     if self.dropout_rate > 0.0 and not deterministic:
       dropout_rng = self.make_rng('dropout')
+    runs_plain = kernel == 'plain' or return_weights or dropout_rng is not None
+    if isinstance(mask, KeyPadding) and (
+        runs_plain or kernel not in _TAKE_KEY_PADDING or order_mask is not None):
+      mask = mask.as_mask(key.shape[1])  # (1, 1, 1, S)
+    if order_mask is not None:
+      mask = combine_masks(mask, order_mask)
+
     weights = None
     if dropout_rng is not None and kernel != 'plain' and kernel not in DROPOUT_NOTED:
       DROPOUT_NOTED.add(kernel)
       logging.warning('Attention dropout (rate %s) runs on the plain attention path in '
                       'training: %r has no dropout.', self.dropout_rate, kernel)
-    if kernel == 'plain' or return_weights or dropout_rng is not None:
+    if runs_plain:
       out, weights = plain_attention(query, key, value, mask,
                                      dropout_rate=self.dropout_rate,
                                      dropout_rng=dropout_rng)

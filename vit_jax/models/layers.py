@@ -84,7 +84,8 @@ class EncoderBlock(nn.Module):
 
   @nn.compact
   def __call__(self, inputs: Array, droppath_rate: Array | float = 0.0,
-               mask: Array | None = None, deterministic: bool = True) -> Array:
+               mask: Array | attention.KeyPadding | None = None,
+               deterministic: bool = True) -> Array:
     if self.norm_position not in NORM_POSITIONS:
       raise errors.ConfigError(f'Unknown norm_position {self.norm_position!r}; '
                                f'choose one of {NORM_POSITIONS}.')
@@ -160,11 +161,11 @@ class Encoder(nn.Module):
     tokens = x.shape[1]
     if mask is None:
       # A kernel that wants other lengths (cuDNN: even) gets the tokens padded once here,
-      # hidden from attention by a key mask, rather than q/k/v padded in every layer.
+      # hidden from attention as key padding, rather than q/k/v padded in every layer.
       padded = attention.padded_length(self.attention_impl, tokens, dtype=self.dtype)
       if padded > tokens:
         x = jnp.pad(x, ((0, 0), (0, padded - tokens), (0, 0)))  # (B, padded, width)
-        mask = (jnp.arange(padded) < tokens)[None, None, None, :]  # (1, 1, 1, padded)
+        mask = attention.KeyPadding(tokens)
 
     block_cls = EncoderBlock
     if self.remat:

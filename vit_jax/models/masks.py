@@ -1,9 +1,29 @@
-"""Attention masks: boolean (B, 1, T, S) arrays, True where query t may attend to key s."""
+"""Attention masks: boolean (B, 1, T, S) arrays, True where query t may attend to key s.
 
+Also `KeyPadding`, the padding that `layers.Encoder` adds for a kernel that wants other
+lengths, which kernels may take as sequence lengths rather than as a boolean array.
+"""
+
+import flax.struct
 import jax
 import jax.numpy as jnp
 
 Array = jax.Array
+
+
+@flax.struct.dataclass
+class KeyPadding:
+  """Keys from `length` on are padding: no query may attend to them.
+
+  `layers.Encoder` pads its tokens for a kernel that wants other lengths (cuDNN: even)
+  and passes this instead of a boolean mask: cuDNN takes it as sequence lengths, with no
+  bias to read or differentiate. `as_mask` is the same as a boolean mask.
+  """
+  length: int = flax.struct.field(pytree_node=False)  # Real keys, the first `length`.
+
+  def as_mask(self, keys: int) -> Array:
+    """Boolean mask (1, 1, 1, keys): True for the first `length` keys."""
+    return (jnp.arange(keys) < self.length)[None, None, None, :]
 
 
 def make_padding_mask(query_valid: Array, key_valid: Array) -> Array:
