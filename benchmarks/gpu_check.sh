@@ -14,7 +14,7 @@
 # BUDGET_S=N stops starting runs once N seconds have passed and cuts each run's time limit to
 # what is left, so that the whole part ends inside the device call's time limit. Both parts in
 # one call of at most 600 s (carry .whl and .before):
-#   start=$(date +%s); BUDGET_S=420 bash benchmarks/gpu_check.sh core; \
+#   start=$(date +%s); BUDGET_S=490 bash benchmarks/gpu_check.sh core; \
 #   left=$((555 - ($(date +%s) - start))); ((left < 1)) && left=1; \
 #   BUDGET_S=$left bash benchmarks/gpu_check.sh variants
 # Each part writes its logs and --json reports under runs/gpu_check/PART (packed into
@@ -30,8 +30,10 @@ part=${1:-}
 export PYTHONUNBUFFERED=1
 
 if [[ $part == wheels ]]; then
-  # Pure-Python packages the GPU image lacks; everything else vit_jax needs is there.
-  python3 -m pip download -q --no-deps --only-binary=:all: -d .whl 'ml_collections==1.1.0'
+  # Pure-Python packages the GPU image lacks (ml_collections) or may lack (the test runner
+  # with -n); everything else vit_jax needs is there.
+  python3 -m pip download -q --no-deps --only-binary=:all: -d .whl 'ml_collections==1.1.0' \
+    'pytest==9.1.1' 'pluggy==1.7.0' 'iniconfig==2.3.1' 'pytest-xdist==3.8.0' 'execnet==2.1.2'
   grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo '/.whl/' >> .git/info/exclude
   ls -l .whl
   exit 0
@@ -52,8 +54,11 @@ logs=$PWD/runs/gpu_check/$part
 rm -rf "$logs"
 mkdir -p "$logs"
 if compgen -G '.whl/*.whl' > /dev/null; then
+  wheels=(.whl/ml_collections-*.whl)
+  # The test runner's wheels only where the image has no pytest-xdist (its own pytest stays).
+  python3 -c 'import xdist' 2>/dev/null || wheels=(.whl/*.whl)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
+    --target /tmp/site "${wheels[@]}" || exit 1
   export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 
@@ -128,22 +133,22 @@ if [[ $part == core ]]; then
   run suite env XLA_PYTHON_CLIENT_PREALLOCATE=false python3 -m pytest -q -n 8 -rs \
     -p no:cacheprovider "${suite[@]}"
 else
-  # The largest batch; the products without Triton's GEMM fusions (the H200 run's step had
-  # no bias or GELU in a cuBLASLt epilogue, the compile without autotuning had); what this
-  # version's changes gave: the steps timed one by one (as versions before --timing did),
-  # XLA's attention instead of cuDNN's, the same flags on .before's vit_jax; options.
+  # The largest batch; the same flags on .before's vit_jax (what this version's changes
+  # gave); the products without Triton's GEMM fusions (the H200 run's step had no bias or
+  # GELU in a cuBLASLt epilogue, the compile without autotuning had); the steps timed one by
+  # one (as versions before --timing did); XLA's attention instead of cuDNN's; options.
   bench "vit_b${batches[2]}" "${train[@]}" --batch "${batches[2]}"
-  bench "vit_b${b}_no_triton_gemm" "${train[@]}" --batch "$b" \
-    --xla-option xla_gpu_enable_triton_gemm=false --hlo-out "$logs/vit_b${b}_no_triton_gemm.hlo"
-  bench "vit_b${b}_isolated" "${train[@]}" --batch "$b" --timing isolated
-  bench "vit_b${batches[1]}" "${train[@]}" --batch "${batches[1]}"
-  bench "vit_b${b}_xla_attention" "${train[@]}" --batch "$b" --attention fused
   if [[ -d .before/vit_jax ]]; then
     name="vit_b${b}_before"
     reports+=("$logs/$name.json")
     run "$name" env -C .before python3 -m vit_jax.benchmark "${train[@]}" --batch "$b" \
       --json "$logs/$name.json"
   fi
+  bench "vit_b${b}_no_triton_gemm" "${train[@]}" --batch "$b" \
+    --xla-option xla_gpu_enable_triton_gemm=false --hlo-out "$logs/vit_b${b}_no_triton_gemm.hlo"
+  bench "vit_b${b}_isolated" "${train[@]}" --batch "$b" --timing isolated
+  bench "vit_b${batches[1]}" "${train[@]}" --batch "${batches[1]}"
+  bench "vit_b${b}_xla_attention" "${train[@]}" --batch "$b" --attention fused
   bench "vit_b${b}_state_bf16" "${train[@]}" --batch "$b" --optimizer-state-dtype bfloat16
 fi
 
