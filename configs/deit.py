@@ -6,8 +6,9 @@ The argument is MODEL,DATASET. Defaults follow the DeiT recipe: AdamW, cosine de
 label smoothing, drop-path, RandAugment, random erasing (a quarter of the images), mixup and
 CutMix (half the batches each), repeated augmentation (each image three times in a row,
 augmented apart), inputs
-normalized with ImageNet's pixel mean and std, as Facebook's DeiT weights expect, and DeiT's
-eval crop (the shorter side resized to 256, bicubic, the central 224); the distillation
+normalized with ImageNet's pixel mean and std, as Facebook's DeiT weights expect, DeiT's
+train crop (resized bicubic and antialiased, as PIL does) and its eval crop (the shorter side
+resized to 256, bicubic, the central 224); the distillation
 token's share of the loss is 0.5 (config.distillation_weight).
 """
 
@@ -22,6 +23,7 @@ def get_config(arg: str = 'DeiT-S_16,cifar10'):
   config.data.dataset = dataset
   config.data.image_size = 224
   config.data.train_crop = 'inception_crop'
+  config.data.train_interpolation = 'bicubic'
   config.data.eval_resize_ratio = 256 / 224  # DeiT's eval: resize to 256, the central 224,
   config.data.eval_resize = 'shorter_side'  # keeping the aspect ratio,
   config.data.eval_interpolation = 'bicubic'  # bicubic.

@@ -127,9 +127,11 @@ def test_train_batches_are_shuffled_epochs_that_never_end(digits):
 
 
 @pytest.mark.parametrize('train_crop', images.TRAIN_CROPS)
-@pytest.mark.parametrize('channels', [1, 3])
-def test_train_crops_give_model_sized_images(train_crop, channels):
-  config = data_config(train_crop=train_crop, image_size=12, channels=channels, flip=True)
+@pytest.mark.parametrize('channels,interpolation', [(1, 'bilinear'), (3, 'bilinear'),
+                                                    (3, 'bicubic')])
+def test_train_crops_give_model_sized_images(train_crop, channels, interpolation):
+  config = data_config(train_crop=train_crop, image_size=12, channels=channels, flip=True,
+                       train_interpolation=interpolation)
   dataset = images.build(config, process_index=0, process_count=1)
   batch = next(dataset.train_batches(batch_size=16, seed=0))
   assert dataset.image_shape == (12, 12, channels)
@@ -181,19 +183,24 @@ def test_randaugment_is_seeded_and_keeps_shape():
   np.testing.assert_array_equal(out, augment.randaugment(image, 3, 10, seed))
 
 
-def test_inception_crop_mirrors_in_the_crop_as_random_flip_would():
+@pytest.mark.parametrize('interpolation', images.INTERPOLATIONS)
+def test_inception_crop_mirrors_in_the_crop_as_random_flip_would(interpolation):
   from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
   pixels = np.random.default_rng(0).integers(0, 256, (16, 30, 40, 3), np.uint8)
   crop_seed, flip_seed = tf.constant([1, 2], tf.int64), tf.constant([3, 4], tf.int64)
-  flipped = preprocess.inception_crop(pixels, 12, crop_seed, 0.05, flip_seed).numpy()
-  unflipped = preprocess.inception_crop(pixels, 12, crop_seed, 0.05).numpy()
+  flipped = preprocess.inception_crop(pixels, 12, crop_seed, 0.05, flip_seed,
+                                      interpolation).numpy()
+  unflipped = preprocess.inception_crop(pixels, 12, crop_seed, 0.05,
+                                        interpolation=interpolation).numpy()
   np.testing.assert_array_equal(flipped, preprocess.random_flip(unflipped, flip_seed).numpy())
   assert 0 < sum((flipped[i] != unflipped[i]).any() for i in range(16)) < 16
 
 
+@pytest.mark.parametrize('interpolation', images.INTERPOLATIONS)
 @pytest.mark.parametrize('image_format', ['jpeg', 'png'])
 @pytest.mark.parametrize('flip', [False, True])
-def test_inception_crop_of_encoded_images_decodes_only_the_window_alike(image_format, flip):
+def test_inception_crop_of_encoded_images_decodes_only_the_window_alike(image_format, flip,
+                                                                         interpolation):
   from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
   rng = np.random.default_rng(1)
   coarse = rng.integers(0, 256, (6, 8, 3), np.uint8)
@@ -204,13 +211,45 @@ def test_inception_crop_of_encoded_images_decodes_only_the_window_alike(image_fo
   decoded = tf.io.decode_image(encoded, channels=3)
   for i in range(8):
     seed, flip_seed = tf.constant([i, 7], tf.int64), tf.constant([i, 9], tf.int64) if flip else None
-    windowed = preprocess.inception_crop_encoded(encoded, 16, seed, 0.05, 3, flip_seed).numpy()
-    whole = preprocess.inception_crop(decoded[None], 16, seed, 0.05, flip_seed).numpy()
+    windowed = preprocess.inception_crop_encoded(encoded, 16, seed, 0.05, 3, flip_seed,
+                                                 interpolation).numpy()
+    whole = preprocess.inception_crop(decoded[None], 16, seed, 0.05, flip_seed,
+                                      interpolation).numpy()
     difference = np.abs(windowed.astype(int) - whole)
     if image_format == 'png':
       np.testing.assert_array_equal(windowed, whole)
     else:  # A JPEG's window decodes within a few levels of the whole image, at its edges.
       assert difference.mean() < 1.0 and difference.max() <= 16
+
+
+def test_bicubic_inception_crop_cuts_the_window_of_the_bilinear_one_and_antialiases():
+  """On a ramp (which both kernels reproduce) the two crops agree up to the bicubic window's
+  rounding to whole pixels, mirrored alike; on a one-pixel checkerboard shrunk 8 times the
+  bicubic crop is gray, as PIL's antialiased resize (timm, DeiT) gives, where bilinear
+  sampling without antialiasing keeps whole black and white pixels."""
+  from vit_jax.data import preprocess  # pylint: disable=g-import-not-at-top
+  rows, cols = np.mgrid[0:90, 0:120]
+  ramp = np.repeat((10 + 0.5 * rows + 1.5 * cols)[..., None], 3, -1).astype(np.uint8)  # 10..233
+  crop_seed, flip_seed = tf.constant([5, 6], tf.int64), tf.constant([7, 8], tf.int64)
+  batch = np.stack([ramp] * 16)
+  bilinear = preprocess.inception_crop(batch, 24, crop_seed, 0.2, flip_seed).numpy()
+  bicubic = preprocess.inception_crop(batch, 24, crop_seed, 0.2, flip_seed, 'bicubic').numpy()
+  assert bicubic.shape == bilinear.shape == (16, 24, 24, 3) and bicubic.dtype == np.uint8
+  # Each crop's pixels sit within a pixel of the other's: 2 levels (0.5 + 1.5) apart, plus
+  # the antialiasing filter's pull at the window's edges.
+  difference = np.abs(bicubic.astype(int) - bilinear)
+  print('ramp: mean, max difference', difference.mean(), difference.max())
+  assert difference.mean() < 1.5 and difference.max() <= 5
+  assert len({crop.tobytes() for crop in bicubic}) == 16  # Windows of their own.
+
+  checkerboard = np.repeat(((rows + cols) % 2 * 255)[:, :, None], 3, -1).astype(np.uint8)
+  full = tf.constant([0, 0], tf.int64)
+  shrunk = {method: preprocess.inception_crop(checkerboard[None, :64, :64], 8, full, 1.0,
+                                              interpolation=method).numpy()
+            for method in images.INTERPOLATIONS}
+  print('checkerboard: std bilinear, bicubic', shrunk['bilinear'].std(), shrunk['bicubic'].std())
+  assert np.abs(shrunk['bicubic'].astype(int) - 128).max() <= 16
+  assert shrunk['bilinear'].std() > 60
 
 
 def test_augment_ops_do_what_their_names_say():
@@ -266,6 +305,9 @@ def test_config_mistakes_are_named():
   with pytest.raises(ValueError, match=r"eval_resize='shorter' \(expected one of \('square', "
                                        r"'shorter_side'\)\)"):
     images.build(data_config(eval_resize='shorter'), process_index=0, process_count=1)
+  with pytest.raises(ValueError, match=r"train_interpolation='nearest' \(expected one of "
+                                       r"\('bilinear', 'bicubic'\)\)"):
+    images.build(data_config(train_interpolation='nearest'), process_index=0, process_count=1)
   with pytest.raises(ValueError, match="only has splits 'train'"):
     images.build(data_config(test_split='validation'), process_index=0, process_count=1)
   with pytest.raises(ValueError, match=r'process_index=2 must be in \[0, process_count=2\)'):

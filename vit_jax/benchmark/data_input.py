@@ -28,6 +28,8 @@ VARIANTS = {  # name -> data config overrides on top of crop + flip.
     '+randaugment+mixup': {'randaugment_layers': 2, 'randaugment_magnitude': 10,
                            'mixup_alpha': 0.2},
     '+erasing': {'random_erasing_prob': 0.25},  # DeiT's share.
+    # The crop resized bicubic and antialiased, as timm's and DeiT's (configs/deit.py).
+    'bicubic-crop+flip': {'train_interpolation': 'bicubic'},
 }
 IMAGE_SIZES = ((375, 500), (500, 375))  # (height, width): ImageNet's most common shapes.
 RESUME_STEPS = (0, 10_000, 1_000_000)  # Resumed at these steps, the first batch is timed.

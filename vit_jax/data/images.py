@@ -24,7 +24,7 @@ from vit_jax.data import checks, hosts, normalization, synthetic
 _AUTOTUNE = -1  # tf.data.AUTOTUNE, spelled out so that building a config needs no TensorFlow.
 TRAIN_CROPS = ('inception_crop', 'resize_random_crop', 'pad_random_crop', 'resize')
 EVAL_RESIZES = ('square', 'shorter_side')
-EVAL_INTERPOLATIONS = ('bilinear', 'bicubic')
+INTERPOLATIONS = ('bilinear', 'bicubic')
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -54,6 +54,9 @@ def default_config() -> ml_collections.ConfigDict:
   config.train_crop = 'pad_random_crop'
   config.inception_crop_min_area = 0.05  # inception_crop: smallest crop, as a fraction of area.
   config.resize_ratio = 1.14  # resize_random_crop: resize to image_size * ratio, then crop.
+  # Train crop's resize kernel: 'bilinear' (Google's ViT; the inception crop samples its window
+  # bilinearly, not antialiased, as big_vision) or 'bicubic' (timm, DeiT: antialiased, as PIL).
+  config.train_interpolation = 'bilinear'
   config.crop_padding = 1  # pad_random_crop: zero pixels added per side before cropping back.
   config.eval_resize_ratio = 1.0  # Eval: resize to image_size * ratio, keep the central crop.
   # Eval resize: 'square' (both sides, aspect ratio not kept: Google's ViT) or 'shorter_side'
@@ -101,8 +104,10 @@ def _checked_config(config) -> ml_collections.ConfigDict:
   check.require(c.resize_ratio >= 1, 'resize_ratio', '>= 1')
   check.require(c.eval_resize_ratio >= 1, 'eval_resize_ratio', '>= 1')
   check.require(c.eval_resize in EVAL_RESIZES, 'eval_resize', f'one of {EVAL_RESIZES}')
-  check.require(c.eval_interpolation in EVAL_INTERPOLATIONS, 'eval_interpolation',
-                f'one of {EVAL_INTERPOLATIONS}')
+  check.require(c.train_interpolation in INTERPOLATIONS, 'train_interpolation',
+                f'one of {INTERPOLATIONS}')
+  check.require(c.eval_interpolation in INTERPOLATIONS, 'eval_interpolation',
+                f'one of {INTERPOLATIONS}')
   check.require_int('crop_padding', 0)
   check.require_int('randaugment_layers', 0)
   check.require(0 <= c.randaugment_magnitude <= 30, 'randaugment_magnitude', 'in [0, 30]')

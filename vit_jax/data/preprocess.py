@@ -3,9 +3,10 @@
 Functions work on batches of uint8 images (B, H, W, C) and draw independent randomness for each
 example, so a batch of images of one size is preprocessed in a few vectorized ops; images of
 varying sizes go through one at a time as batches of one. Resizes are antialiased, bilinear
-(eval's may be bicubic); square (the aspect ratio not kept) except the eval resize
-`shorter_side`. Random functions take a stateless seed, an int32/int64 tensor
-of shape (2,): the same seed gives the same output, which makes training batches reproducible.
+or bicubic, except the inception crop's bilinear sampling (`inception_crop`); square (the
+aspect ratio not kept) except the eval resize `shorter_side`. Random functions take a
+stateless seed, an int32/int64 tensor of shape (2,): the same seed gives the same output,
+which makes training batches reproducible.
 """
 
 import math
@@ -87,20 +88,50 @@ def _inception_boxes(batch, height, width, seed, min_area: float, flip_seed):
   return tf.stack([top, left, top + box_h, right], axis=1)
 
 
-def inception_crop(images, size: int, seed, min_area: float, flip_seed=None):
+def inception_crop(images, size: int, seed, min_area: float, flip_seed=None,
+                   interpolation: str = 'bilinear'):
   """Random-resized crop: a window per image, resized to (size, size).
 
   The window covers a uniform min_area..1 fraction of the image area with an aspect ratio
   log-uniform in 3/4..4/3; a side that would exceed the image is clipped to it. With
   `flip_seed`, crops are mirrored as `random_flip(crops, flip_seed)` would, for free: the
-  window is sampled from right to left.
+  window is sampled from right to left. `interpolation` 'bilinear' samples the window
+  bilinearly (`crop_and_resize`, not antialiased, as Google's ViT and big_vision); 'bicubic'
+  cuts the window to whole pixels and resizes it antialiased (as timm's and DeiT's PIL crop).
   """
   batch = tf.shape(images)[0]
   height, width = tf.unstack(tf.cast(tf.shape(images)[1:3], tf.float32))
   boxes = _inception_boxes(batch, height, width, seed, min_area, flip_seed)
+  if interpolation == 'bicubic':
+    def crop_one(image_and_box):
+      image, box = image_and_box
+      top, left, rows, cols, flip = _pixel_box(box, tf.shape(image)[0], tf.shape(image)[1])
+      return _resized_window(image[top:top + rows, left:left + cols], size, flip)
+    return tf.map_fn(crop_one, (images, boxes), fn_output_signature=tf.uint8)
   crops = tf.image.crop_and_resize(tf.cast(images, tf.float32), boxes, tf.range(batch),
                                    [size, size])
   return augment.to_uint8(crops)
+
+
+def _pixel_box(box, height, width):
+  """A crop_and_resize box (y1, x1, y2, x2; x1 > x2 mirrors) as whole pixels of the image:
+  (top, left, rows, cols, flip), each side at least one pixel."""
+  def side(start, stop, pixels):
+    pixels_f = tf.cast(pixels, tf.float32)
+    count = tf.clip_by_value(tf.cast(tf.round(tf.abs(stop - start) * pixels_f), tf.int32),
+                             1, pixels)
+    first = tf.cast(tf.round(tf.minimum(start, stop) * pixels_f), tf.int32)
+    return tf.clip_by_value(first, 0, pixels - count), count
+  top, rows = side(box[0], box[2], height)
+  left, cols = side(box[1], box[3], width)
+  return top, left, rows, cols, box[1] > box[3]
+
+
+def _resized_window(window, size: int, flip):
+  """uint8 (H, W, C) window -> (size, size, C), bicubic and antialiased, mirrored if `flip`."""
+  crop = augment.to_uint8(tf.image.resize(window, (size, size), method='bicubic',
+                                          antialias=True))
+  return tf.cond(flip, lambda: tf.reverse(crop, axis=[1]), lambda: crop)
 
 
 def _pixel_window(start, stop, side):
@@ -121,7 +152,7 @@ def _pixel_window(start, stop, side):
 
 
 def inception_crop_encoded(encoded, size: int, seed, min_area: float, channels: int,
-                           flip_seed=None):
+                           flip_seed=None, interpolation: str = 'bilinear'):
   """`inception_crop` of one encoded image (bytes) -> uint8 (1, size, size, channels).
 
   A JPEG decodes only the window's pixels (`decode_and_crop_jpeg`): the same window and
@@ -133,6 +164,19 @@ def inception_crop_encoded(encoded, size: int, seed, min_area: float, channels: 
     height, width = shape[0], shape[1]
     box = _inception_boxes(1, tf.cast(height, tf.float32), tf.cast(width, tf.float32), seed,
                            min_area, flip_seed)[0]
+    if interpolation == 'bicubic':
+      top, left, rows, cols, flip = _pixel_box(box, height, width)
+      # Decoded with a margin of a JPEG block (16 pixels where chroma is halved): a window's
+      # edge pixels decode a little differently from a full decode's, and these are the crop's.
+      first_row, first_col = tf.maximum(top - 16, 0), tf.maximum(left - 16, 0)
+      last_row = tf.minimum(top + rows + 16, height)
+      last_col = tf.minimum(left + cols + 16, width)
+      window = tf.image.decode_and_crop_jpeg(
+          encoded, tf.stack([first_row, first_col, last_row - first_row, last_col - first_col]),
+          channels=channels)
+      window = window[top - first_row:top - first_row + rows,
+                      left - first_col:left - first_col + cols]
+      return _resized_window(window, size, flip)[None]
     top, rows, y1, y2 = _pixel_window(box[0], box[2], height)
     left, cols, x1, x2 = _pixel_window(box[1], box[3], width)
     window = tf.image.decode_and_crop_jpeg(encoded, tf.stack([top, left, rows, cols]),
@@ -143,7 +187,7 @@ def inception_crop_encoded(encoded, size: int, seed, min_area: float, channels: 
 
   def other():
     image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
-    return inception_crop(image[None], size, seed, min_area, flip_seed)
+    return inception_crop(image[None], size, seed, min_area, flip_seed, interpolation)
 
   crops = tf.cond(tf.io.is_jpeg(encoded), jpeg, other)
   return tf.ensure_shape(crops, [1, size, size, channels])
@@ -199,17 +243,19 @@ def normalize(images, config: ml_collections.ConfigDict):
 
 def _crop(images, seed, flip_seed, config: ml_collections.ConfigDict):
   """config.train_crop of uint8 (B, H, W, C) -> (B, image_size, image_size, C)."""
-  size = config.image_size
+  size, method = config.image_size, config.train_interpolation
   if config.train_crop == 'inception_crop':
-    return inception_crop(images, size, seed, config.inception_crop_min_area, flip_seed)
+    return inception_crop(images, size, seed, config.inception_crop_min_area, flip_seed, method)
   if config.train_crop == 'resize_random_crop':
-    return random_crop(resize(images, max(size, round(size * config.resize_ratio))), size, seed)
+    resized = resize(images, max(size, round(size * config.resize_ratio)), method)
+    return random_crop(resized, size, seed)
   if config.train_crop == 'pad_random_crop':
     padding = config.crop_padding
-    images = tf.pad(resize(images, size), [[0, 0], [padding, padding], [padding, padding], [0, 0]])
+    images = tf.pad(resize(images, size, method),
+                    [[0, 0], [padding, padding], [padding, padding], [0, 0]])
     return random_crop(images, size, seed)
   if config.train_crop == 'resize':
-    return resize(images, size)
+    return resize(images, size, method)
   raise errors.ConfigError(f'config.train_crop={config.train_crop!r} is not a known train crop.')
 
 
@@ -232,7 +278,7 @@ def train_crops(images, seed, config: ml_collections.ConfigDict, encoded=False):
     if config.train_crop != 'inception_crop':
       raise ValueError(f'Encoded images take the inception crop, not {config.train_crop!r}.')
     images = inception_crop_encoded(images, size, crop_seed, config.inception_crop_min_area,
-                                    config.channels, crop_flip_seed)
+                                    config.channels, crop_flip_seed, config.train_interpolation)
   else:
     images = _crop(to_channels(images, config.channels), crop_seed, crop_flip_seed, config)
   images = tf.ensure_shape(images, [None, size, size, config.channels])

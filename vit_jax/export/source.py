@@ -40,7 +40,7 @@ class Resize:
     """ConfigError, in one line, for values the eval pipeline does not have."""
     for flag, value, allowed in (('--eval-resize', self.how, images.EVAL_RESIZES),
                                  ('--eval-interpolation', self.interpolation,
-                                  images.EVAL_INTERPOLATIONS)):
+                                  images.INTERPOLATIONS)):
       if value not in allowed:
         raise errors.ConfigError(f'{flag} {value} is not one of {", ".join(allowed)}.')
     if not self.ratio >= 1:
