@@ -146,12 +146,13 @@ def test_padded_length_follows_the_kernel():
     assert attention.padded_length(name, 197) == 197
 
 
-@pytest.mark.parametrize('kernel', ['even_only', 'fused'])
-def test_encoder_pads_once_for_a_kernel_that_wants_even_lengths(monkeypatch, kernel):
+@pytest.mark.parametrize('kernel,stack', [('even_only', {}), ('fused', {}),
+                                          ('fused', {'scan_layers': True, 'remat': True})])
+def test_encoder_pads_once_for_a_kernel_that_wants_even_lengths(monkeypatch, kernel, stack):
   """A ViT of 17 tokens on a kernel of even lengths: every layer sees 18 tokens, the
   padding hidden (from a registered kernel by a boolean mask of the real keys, from
-  `fused_attention` by key lengths, as cuDNN takes them), and logits and gradients equal
-  those without padding."""
+  `fused_attention` by key lengths, as cuDNN takes them, also through a scanned and
+  rematerialised stack), and logits and gradients equal those without padding."""
   seen = []
 
   def even_only(query, key, value, mask):
@@ -177,7 +178,7 @@ def test_encoder_pads_once_for_a_kernel_that_wants_even_lengths(monkeypatch, ker
     expected = {(18, 18, None, (2,))}  # Lengths of the batch's 2 examples.
   images = jax.random.normal(jax.random.key(0), (2, 16, 16, 3))  # 4x4 patches + class token.
   labels = jnp.array([1, 3])
-  padded = models.get_model('ViT-testing', num_classes=5, attention_impl=kernel)
+  padded = models.get_model('ViT-testing', num_classes=5, attention_impl=kernel, **stack)
   plain = padded.clone(attention_impl='chunked')
   params = jax.jit(plain.init)(jax.random.key(1), images)['params']
   params['head']['kernel'] = jax.random.normal(jax.random.key(2), params['head']['kernel'].shape)
