@@ -67,7 +67,7 @@ class TimmRunner(timing.Runner):
     self.images = torch.from_numpy(np.ascontiguousarray(images.transpose(0, 3, 1, 2))).to(
         self.device)
     self.labels = torch.from_numpy(labels.astype(np.int64)).to(self.device)
-    self.autocast = args.dtype == 'bfloat16'
+    self.dtype = args.dtype
     self.mode = args.mode
     self.threads = torch.get_num_threads() if self.device.type == 'cpu' else None
     if self.mode == 'train':
@@ -89,17 +89,13 @@ class TimmRunner(timing.Runner):
     self.model.train(training)
     return logits
 
-  def _autocast(self):
-    return self.torch.autocast(self.device.type, dtype=self.torch.bfloat16,
-                               enabled=self.autocast)
-
   def start(self):
     torch = self.torch
     if self.mode == 'infer':
-      with torch.inference_mode(), self._autocast():
+      with torch.inference_mode(), torch_device.autocast(torch, self.device, self.dtype):
         self.model(self.images)
     else:
-      with self._autocast():
+      with torch_device.autocast(torch, self.device, self.dtype):
         logits = self.model(self.images)
       loss = torch.nn.functional.cross_entropy(logits.float(), self.labels)
       loss.backward()

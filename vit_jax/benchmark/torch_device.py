@@ -1,4 +1,4 @@
-"""The device a torch peer runs on (the one JAX runs on) and waiting for its steps."""
+"""The device a torch peer runs on (the one JAX runs on), its autocast, waiting for its steps."""
 
 from typing import Any, Callable
 
@@ -18,6 +18,12 @@ def matching_device(torch, flag: str):
     return torch.device('cpu')
   raise errors.ConfigError(f'No torch device matches the JAX {platform} backend (torch '
                            f'{torch.__version__}); {flag} runs on CPUs and CUDA GPUs.')
+
+
+def autocast(torch, device, dtype: str):
+  """A fresh context that runs torch in bfloat16 where ours computes in it (`dtype`
+  'bfloat16', float32 parameters), under torch's autocast; a no-op context otherwise."""
+  return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == 'bfloat16')
 
 
 def queued_work_waiter(torch, device) -> Callable[[], Any]:

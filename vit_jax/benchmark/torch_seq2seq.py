@@ -43,7 +43,7 @@ class TorchSeq2SeqRunner(timing.Runner):
     torch = import_torch()
     self.torch = torch
     self.device = torch_device.matching_device(torch, '--compare torch')
-    self.autocast = dtype == 'bfloat16'
+    self.dtype = dtype
     torch.manual_seed(0)
     width = fields['embed_dim']
     self.width = width
@@ -79,7 +79,7 @@ class TorchSeq2SeqRunner(timing.Runner):
 
   def start(self):
     torch = self.torch
-    with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+    with torch_device.autocast(torch, self.device, self.dtype):
       out = self.transformer(self._embed(self.inputs), self._embed(self.shifted),
                              tgt_mask=self.causal, tgt_is_causal=True,
                              src_key_padding_mask=self.source_padding,
