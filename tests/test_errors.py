@@ -88,6 +88,12 @@ CASES = {
                          '--config.distillation=hard'],
                         r"Teacher '.*no_teacher' \(config\.teacher\) does not exist: train the "
                         r'teacher there first'),
+    # Before the data: offline, preparing cifar10 would retry its download for minutes.
+    'missing teacher, TFDS data': (['--config=configs/deit.py:DeiT-testing,cifar10',
+                                    '--workdir={root}/new_student', '--config.teacher={root}/no',
+                                    '--config.distillation=hard',
+                                    '--config.data.tfds_data_dir={root}/no_tfds'],
+                                   r"Teacher '.*no' \(config\.teacher\) does not exist"),
     'missing image': (['--workdir={root}/digits', '--config.trainer=predict',
                        '--config.predict.inputs={root}/cat.jpg'],
                       r'Image file .*cat\.jpg \(config\.predict\.inputs\) does not exist'),

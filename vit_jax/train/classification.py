@@ -51,14 +51,25 @@ def load_weights(path: str, init_params: Any, reinit_head: bool = False,
                                  init_values=init_values)
 
 
+def _check_teacher_exists(path: str):
+  """A local config.teacher that is not there is an error (a remote one: reading it says)."""
+  if not files.is_remote(path) and not files.exists(path):
+    raise errors.MissingFileError(
+        f'Teacher {path!r} (config.teacher) does not exist: train the teacher there first, '
+        'or set config.teacher to a trained workdir or a .npz weights file.')
+
+
 class ClassificationTask(task.BatchedTask):
   """Model, data, loss and metrics of image classification."""
 
   def __init__(self, config: ml_collections.ConfigDict, workdir: str):
+    # Before the data: preparing a TFDS dataset can take minutes, these checks no time.
+    self.distilled = config.model.classifier == 'token_distill'  # The model's own field.
+    check_distillation(config, self.distilled)
+    if config.teacher:
+      _check_teacher_exists(config.teacher)
     super().__init__(config, images.build(config.data))
     self.model = config_lib.build_model(config.model, num_classes=self.data.num_classes)
-    self.distilled = self.model.classifier == 'token_distill'
-    check_distillation(config, self.distilled)
     self.teacher = None
     self._teacher_params = None
     self._teacher_inputs = None  # (scale, offset): the student's inputs -> the teacher's.
@@ -87,10 +98,6 @@ class ClassificationTask(task.BatchedTask):
       model_config = teacher_config.model
       self._teacher_inputs = _renormalization(self.config.data, teacher_config.data, path)
     else:
-      if not files.is_remote(path) and not files.exists(path):  # Remote: load_weights says.
-        raise errors.MissingFileError(
-            f'Teacher {path!r} (config.teacher) does not exist: train the teacher there first, '
-            'or set config.teacher to a trained workdir or a .npz weights file.')
       if not self.config.get('teacher_model'):
         raise errors.ConfigError(f'Teacher {path!r} is a weights file: set config.teacher_model to '
                                  'its model name (e.g. ViT-B_16).')
