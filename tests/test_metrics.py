@@ -4,7 +4,7 @@ import json
 
 import numpy as np
 
-from vit_jax import runtime, visualize
+from vit_jax import run_metrics, runtime
 from vit_jax.train import loop, metrics
 
 
@@ -51,25 +51,14 @@ def test_tensorboard_reads_the_scalars_which_are_written_without_tensorflow(tmp_
   events.Reload()
   assert sorted(events.Tags()['scalars']) == ['train/accuracy', 'train/loss']
   assert [(e.step, e.value) for e in events.Scalars('train/loss')] == [(3, 1.5), (6, 0.5)]
-  assert [row['loss'] for row in metrics.read_rows(str(tmp_path))] == [1.5, 0.5]
+  assert [row['loss'] for row in run_metrics.read_rows(str(tmp_path))] == [1.5, 0.5]
 
 
 def test_a_resumed_run_drops_the_rows_it_logs_again_and_a_line_cut_short(tmp_path):
   rows = [{'step': s, 'split': 'train', 'loss': 1.0 / s} for s in (10, 20, 30)]
   text = ''.join(json.dumps(r) + '\n' for r in rows) + '{"step": 40, "split": "tr'
   (tmp_path / 'metrics.jsonl').write_text(text)
-  assert metrics.read_rows(tmp_path) == rows
+  assert run_metrics.read_rows(tmp_path) == rows
   metrics.keep_rows_until(str(tmp_path), 20)
-  assert metrics.read_rows(tmp_path) == rows[:2]
+  assert run_metrics.read_rows(tmp_path) == rows[:2]
   assert (tmp_path / 'metrics.jsonl').read_text().count('\n') == 2
-
-
-def test_training_curves_read_each_step_once(tmp_path):
-  lines = [{'step': 10, 'split': 'train', 'loss': 3.0}, {'step': 20, 'split': 'train', 'loss': 2.0},
-           {'step': 10, 'split': 'train', 'loss': 2.5}, {'step': 20, 'split': 'test', 'loss': 1.0}]
-  (tmp_path / 'metrics.jsonl').write_text(
-      ''.join(json.dumps(r) + '\n' for r in lines) + '{"step": 30, "spl')
-  series = visualize.read_metrics(str(tmp_path))
-  steps, losses = series['train']['loss']
-  assert steps.tolist() == [10, 20] and losses.tolist() == [2.5, 2.0]
-  assert series['test']['loss'][0].tolist() == [20]

@@ -11,7 +11,6 @@ weights into the 'intermediates' collection; parameters are used as they are.
 Plots are matplotlib figures (matplotlib is imported on first use).
 """
 
-import json
 import os
 import re
 from typing import Any, Sequence
@@ -20,7 +19,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import errors
+from vit_jax import errors, run_metrics
 from vit_jax.data import normalization
 from vit_jax.models.vit import PREFIX_TOKENS
 
@@ -327,44 +326,10 @@ def token_labels(tokenizer, ids: Sequence[int], eos_id: int = 1) -> list[str]:
   return labels
 
 
-def metric_rows(lines) -> list[dict]:
-  """The rows ({'step', 'split', ...}) of metrics.jsonl's lines, in order, without a line cut
-  short (a killed process, a full disk) that does not parse."""
-  rows = []
-  for line in lines:
-    try:
-      row = json.loads(line)
-    except json.JSONDecodeError:
-      continue
-    if isinstance(row, dict) and 'step' in row and 'split' in row:
-      rows.append(row)
-  return rows
-
-
-def read_metrics(path: str) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
-  """WORKDIR/metrics.jsonl (or the workdir) -> {split: {metric: (steps, values)}}."""
-  if os.path.isdir(path):
-    path = os.path.join(path, 'metrics.jsonl')
-  if not os.path.exists(path):
-    raise errors.MissingFileError(f'No metrics at {path}: pass the workdir of a vit_jax run that '
-                                  'has logged at least once.')
-  records = {}  # (split, step) -> the last row logged for it (a resumed run logs it again).
-  with open(path) as f:
-    for record in metric_rows(f):
-      records[record.pop('split'), record.pop('step')] = record
-  series: dict[str, dict[str, list[tuple[int, float]]]] = {}
-  for (split, step), record in sorted(records.items(), key=lambda item: item[0][1]):
-    for name, value in record.items():
-      series.setdefault(split, {}).setdefault(name, []).append((step, value))
-  return {split: {name: tuple(np.array(column) for column in zip(*points))
-                  for name, points in metrics.items()}
-          for split, metrics in series.items()}
-
-
 def plot_training_curves(path: str, title: str = ''):
   """Loss (train and test), the test metrics and the learning rate against the step."""
   plt = _pyplot()
-  metrics = read_metrics(path)
+  metrics = run_metrics.read_series(path)
   panels: dict[str, list[tuple[str, tuple[np.ndarray, np.ndarray]]]] = {}
   for split in sorted(metrics, key=lambda s: s != 'train'):  # 'train' first.
     for name, points in metrics[split].items():

@@ -18,7 +18,7 @@ import ml_collections
 import numpy as np
 import optax
 
-from vit_jax import errors, progress
+from vit_jax import errors, progress, run_metrics
 from vit_jax.models import partitioning
 from vit_jax.train import checkpointing, config as config_lib, mesh as mesh_lib, run_config
 from vit_jax.train import distributed, divergence, ema as ema_lib, eval_loop
@@ -344,7 +344,7 @@ def _finished(config, workdir: str, task: Task, step: int, mesh, state) -> dict:
   progress.log(f'{workdir} has finished: its latest checkpoint is at step {step} of '
                f'config.total_steps={config.total_steps}. Raise --config.total_steps to train '
                'further; --config.trainer=evaluate evaluates it again.')
-  for row in reversed(metrics_lib.read_rows(workdir)):
+  for row in reversed(run_metrics.read_rows(workdir)):
     if row.get('split') == 'test' and row.get('step') == step:
       results = {k: v for k, v in row.items() if k not in ('step', 'split')}
       progress.log(f'eval at step {step}: ' + '  '.join(f'{k} {v:.4f}'

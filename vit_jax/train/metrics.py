@@ -1,4 +1,5 @@
-"""What a run reports: log lines, TensorBoard event files and WORKDIR/metrics.jsonl."""
+"""What a run reports: log lines, TensorBoard event files and WORKDIR/metrics.jsonl (read by
+`vit_jax.run_metrics`)."""
 
 import json
 import os
@@ -9,7 +10,7 @@ import jax
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer import record_writer
 
-from vit_jax import files, runtime, visualize
+from vit_jax import files, run_metrics, runtime
 from vit_jax.progress import format_duration
 
 
@@ -44,7 +45,7 @@ class MetricWriter:
 
   def __init__(self, workdir: str):
     self.enabled = jax.process_index() == 0
-    self._jsonl_path = files.join(workdir, 'metrics.jsonl')
+    self._jsonl_path = files.join(workdir, run_metrics.FILE_NAME)
     self._events = None
     if self.enabled:
       files.makedirs(workdir)
@@ -63,22 +64,14 @@ class MetricWriter:
       self._events.close()
 
 
-def read_rows(workdir: str) -> list[dict]:
-  """The objects of WORKDIR/metrics.jsonl, in order; [] when there is none."""
-  path = files.join(workdir, 'metrics.jsonl')
-  if not files.exists(path):
-    return []
-  return visualize.metric_rows(files.read_text(path).splitlines())
-
-
 def keep_rows_until(workdir: str, step: int):
   """Drops WORKDIR/metrics.jsonl's rows after `step` (and lines cut short), as a run resumed
   from the checkpoint of `step` logs those steps again (process 0)."""
-  path = files.join(workdir, 'metrics.jsonl')
+  path = files.join(workdir, run_metrics.FILE_NAME)
   if jax.process_index() != 0 or not files.exists(path):
     return
   lines = files.read_text(path).splitlines()
-  rows = [row for row in visualize.metric_rows(lines) if row['step'] <= step]
+  rows = [row for row in run_metrics.parse_rows(lines) if row['step'] <= step]
   if len(rows) != len(lines):
     files.write_text_atomically(path, ''.join(json.dumps(row) + '\n' for row in rows))
 
