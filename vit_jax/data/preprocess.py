@@ -99,7 +99,9 @@ def inception_crop(images, size: int, seed, min_area: float, flip_seed=None,
   bilinearly (`crop_and_resize`, not antialiased, as Google's ViT and big_vision); 'bicubic'
   cuts the window to whole pixels and resizes it antialiased (as timm's and DeiT's PIL crop).
   """
-  batch = tf.shape(images)[0]
+  # A static batch where there is one (one image of a folder): TensorFlow's graph optimizer
+  # then knows the boxes' count, and does not log a warning that it cannot cost the crop.
+  batch = images.shape[0] if images.shape[0] is not None else tf.shape(images)[0]
   height, width = tf.unstack(tf.cast(tf.shape(images)[1:3], tf.float32))
   boxes = _inception_boxes(batch, height, width, seed, min_area, flip_seed)
   if interpolation == 'bicubic':
