@@ -86,3 +86,16 @@ def test_a_run_says_on_stderr_what_it_has_compiled_and_what_it_times(tmp_path, c
       'benchmark: timing 2 isolated steps each of ours in 2 rounds']
   assert re.fullmatch(r'benchmark: our step compiled in \d+\.\d s', captured.err.splitlines()[0])
   assert captured.out.startswith('ViT-testing infer')  # The table stays on stdout.
+
+
+def test_work_that_stalls_says_what_it_is_and_quick_work_says_nothing(capsys):
+  with timing.said_if_slow('compiling the quick step', seconds=0.5):
+    pass
+  with timing.said_if_slow('compiling the slow step', seconds=0.05):
+    time.sleep(0.3)
+  with pytest.raises(ZeroDivisionError):
+    with timing.said_if_slow('failing at once', seconds=0.2):
+      1 / 0  # pylint: disable=pointless-statement
+  time.sleep(0.4)  # Past every timer: only the slow step's was due.
+  assert capsys.readouterr().err.splitlines() == [
+      'benchmark: compiling the slow step (over 0.05 s so far)']

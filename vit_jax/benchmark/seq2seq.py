@@ -135,7 +135,8 @@ def benchmark_seq2seq(args) -> dict:
   model = models.get_model(args.model, vocab_size=args.vocab_size, **overrides)
   batch, peer_batch = batches(args)
   inputs, targets = batch['inputs'], batch['targets']
-  params = jax.jit(model.init)(jax.random.PRNGKey(0), inputs, targets)['params']
+  with timing.said_if_slow(f'initialising the parameters of {args.model}'):
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), inputs, targets)['params']
 
   train_step, tx = steps.train_step(steps.Seq2SeqTask(model),
                                     total_steps=args.warmup + args.steps + 1,
@@ -161,8 +162,9 @@ def benchmark_seq2seq(args) -> dict:
     runners['train'].write_hlo(args.hlo_out)
   if args.compare == 'torch':
     fields = dataclasses.asdict(model)
-    runners['torch_train'] = torch_seq2seq.TorchSeq2SeqRunner(
-        fields, args.vocab_size, peer_batch['inputs'], peer_batch['targets'], args.dtype)
+    with timing.said_if_slow('building the torch peer'):
+      runners['torch_train'] = torch_seq2seq.TorchSeq2SeqRunner(
+          fields, args.vocab_size, peer_batch['inputs'], peer_batch['targets'], args.dtype)
     timing.progress(f'torch peer built on {runners["torch_train"].device}')
   for runner in runners.values():
     for _ in range(args.warmup):

@@ -17,11 +17,13 @@ multiply-add, as the peak figures do. MFU needs a peak: `--peak-tflops`, or the
 table `PEAK_TFLOPS` by device kind; on CPUs it is left blank.
 """
 
+import contextlib
 import dataclasses
 import os
 import sys
+import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import jax
 import numpy as np
@@ -55,6 +57,21 @@ PEAK_TFLOPS: tuple[tuple[str, float, float], ...] = (
 def progress(message: str):
   """One line on stderr as a long run goes (the table comes at the end, on stdout)."""
   print(f'benchmark: {message}', file=sys.stderr, flush=True)
+
+
+SLOW_SECONDS = 20.0  # Work that takes longer says what it is, so that a stall shows where.
+
+
+@contextlib.contextmanager
+def said_if_slow(what: str, seconds: float = SLOW_SECONDS) -> Iterator[None]:
+  """Prints `benchmark: WHAT (over N s so far)` if the work inside takes over `seconds`."""
+  timer = threading.Timer(seconds, progress, [f'{what} (over {seconds:g} s so far)'])
+  timer.daemon = True
+  timer.start()
+  try:
+    yield
+  finally:
+    timer.cancel()
 
 
 @dataclasses.dataclass
@@ -189,8 +206,9 @@ class OursRunner(Runner):
     self.fn = jax.jit(fn, donate_argnums=0 if donate_state else ())
     self.args = args
     self.donate_state = donate_state
-    self.macs = count_flops(fn, *args)
-    self.compiled, self.compile_s = compile_jitted(self.fn, *args, options=xla_options)
+    with said_if_slow(f'tracing and compiling the {name}'):
+      self.macs = count_flops(fn, *args)
+      self.compiled, self.compile_s = compile_jitted(self.fn, *args, options=xla_options)
     progress(f'{name} compiled in {self.compile_s:.1f} s')
     self.memory_analysis = memory.memory_analysis(self.compiled)
     self.output = None

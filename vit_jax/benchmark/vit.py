@@ -62,7 +62,8 @@ def benchmark_vit(args) -> dict:
     import_timm(args.timm_path)  # Fails early, before anything is compiled.
   model = models.get_model(args.model, num_classes=steps.NUM_CLASSES,
                            **steps.model_overrides(args))
-  params = init_vit_params(model, args.resolution)
+  with timing.said_if_slow(f'initialising the parameters of {args.model}'):
+    params = init_vit_params(model, args.resolution)
   rng = np.random.default_rng(0)
   images_np = rng.standard_normal((args.batch, args.resolution, args.resolution, 3),
                                   np.float32)
@@ -76,7 +77,8 @@ def benchmark_vit(args) -> dict:
   check_logits = None
   timm_runner = None
   if args.compare == 'timm':
-    timm_runner = TimmRunner(args, params, images_np, labels_np)
+    with timing.said_if_slow(f'building timm {TIMM_NAMES[args.model]}'):
+      timm_runner = TimmRunner(args, params, images_np, labels_np)
     timing.progress(f'timm {TIMM_NAMES[args.model]} built on {timm_runner.device}')
     reference = models.get_model(args.model, num_classes=steps.NUM_CLASSES,
                                  **{**steps.model_overrides(args), 'dtype': jnp.float32})
