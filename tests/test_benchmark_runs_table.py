@@ -24,7 +24,9 @@ def test_training_run_figures_weight_each_line_by_its_steps(tmp_path):
       {'step': 50, 'split': 'train', 'examples_per_sec': 300.0, 'data_wait_fraction': 0.1},
       {'step': 50, 'split': 'test', 'accuracy': 0.1},
   ]
-  (workdir / 'metrics.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in lines))
+  # A trainer stopped by a time limit while it wrote its last line.
+  (workdir / 'metrics.jsonl').write_text(''.join(json.dumps(line) + '\n' for line in lines)
+                                         + '{"step": 60, "split": "tr')
   (workdir / 'config.json').write_text(json.dumps(
       {'batch_size': 128, 'model': {'name': 'ViT-B_16', 'dtype': 'bfloat16'}}))
   row = runs_table.rows_of(str(workdir / 'metrics.jsonl'))[0]

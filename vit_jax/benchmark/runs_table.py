@@ -16,6 +16,7 @@ import json
 import os
 from typing import Sequence
 
+from vit_jax import run_metrics
 from vit_jax.benchmark import timing
 
 # Benchmark flags shown in a row's "what ran" when they differ from these defaults.
@@ -102,8 +103,8 @@ def training_row(path: str, lines: list[dict]) -> dict:
 
 def rows_of(path: str) -> list[dict]:
   with open(path) as f:
-    if path.endswith('.jsonl'):
-      return [training_row(path, [json.loads(line) for line in f if line.strip()])]
+    if path.endswith('.jsonl'):  # A trainer killed while writing leaves its last line cut.
+      return [training_row(path, run_metrics.parse_rows(f))]
     return report_rows(path, json.load(f))
 
 
