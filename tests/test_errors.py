@@ -121,6 +121,13 @@ CASES = {
     'no workdir': ([DIGITS], r'--workdir is required'),
     'no config': (['--workdir={root}/nothing'], r'No --config given and --workdir=.*nothing holds '
                                                 r'no config\.json of an earlier run'),
+    # The overrides of a mode that reads a workdir find no fields where there is no run.
+    'no config, overrides': (['--workdir={root}/nothing', '--config.trainer=visualize',
+                              '--config.visualize.num_examples=1'],
+                             r'No --config given and --workdir=.*nothing holds no config\.json'),
+    'no config, no workdir': (['--config.total_steps=3'],
+                              r'No --config and no --workdir given: pass --config=configs/FILE\.py '
+                              r'and --workdir=DIR'),
 }
 
 

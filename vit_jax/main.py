@@ -142,9 +142,7 @@ def main(argv):
   config, workdir = _CONFIG.value, _WORKDIR.value
   flag_errors.check_values(config)
   if not config.task:
-    raise errors.ConfigError(
-        f'No --config given and --workdir={workdir} holds no config.json of an earlier run; '
-        'pass --config=configs/FILE.py, e.g. --config=configs/vit_digits.py.')
+    raise errors.ConfigError(flag_errors.no_saved_config(workdir))
   if workdir is None and not (config.trainer == 'predict' and config.get('pretrained')):
     raise errors.ConfigError('--workdir is required, e.g. python -m vit_jax.main '
                              '--config=configs/vit_digits.py --workdir=runs/digits')

@@ -74,6 +74,15 @@ def _unknown_field(config: ml_collections.ConfigDict, path: str) -> str | None:
   return None
 
 
+def no_saved_config(workdir: str | None) -> str:
+  """The message for a command with no --config whose --workdir holds no earlier run."""
+  if workdir is None:
+    return ('No --config and no --workdir given: pass --config=configs/FILE.py and '
+            '--workdir=DIR, e.g. --config=configs/vit_digits.py --workdir=runs/digits.')
+  return (f'No --config given and --workdir={workdir} holds no config.json of an earlier run; '
+          'pass --config=configs/FILE.py, e.g. --config=configs/vit_digits.py.')
+
+
 def _type_name(value) -> str:
   if isinstance(value, bool):
     return 'True or False'
@@ -110,6 +119,8 @@ def describe(error: BaseException, argv: list[str]) -> str | None:
     config = _load_config(argv)
   except Exception:  # pylint: disable=broad-except  # The config itself fails: a bug.
     return None
+  if not config.get('task'):  # No --config, and no earlier run's config in --workdir.
+    return no_saved_config(flag_value(argv, 'workdir'))
   for path, value in _overrides(argv):
     unknown = _unknown_field(config, path)
     if unknown:
