@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from helpers import override, read_metrics
 
-from vit_jax import decode, errors, main
+from vit_jax import decode, errors, main, visualize
 from vit_jax.data import text
 from vit_jax.train import checkpointing, translation
 from vit_jax.train import config as config_lib
@@ -46,6 +46,10 @@ def test_dates_train_evaluate_and_translate(tmp_path, capsys):
   assert row['step'] == 20 and 0 <= row['exact_match'] <= 1 and row['bleu'] >= 0
   losses = [row['loss'] for row in read_metrics(workdir, 'train')]
   assert losses[-1] < losses[0]
+  figure = visualize.plot_training_curves(workdir)  # Not the speed, counts or memory.
+  assert [ax.get_ylabel() for ax in figure.axes] == [
+      'loss', 'bleu', 'exact match', 'token accuracy', 'learning rate']
+  visualize.save_figure(figure, str(tmp_path / 'curves.png'))
 
   inputs = tmp_path / 'inputs.txt'
   inputs.write_text('le 3 mars 1979\n\n3. März 1979\n')

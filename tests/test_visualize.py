@@ -233,6 +233,10 @@ def test_visualize_image_files_and_missing_checkpoint(tmp_path):
   with pytest.raises(FileNotFoundError, match='No checkpoint in .* Train first'):
     main.run(tiny_config(trainer='visualize'), workdir)
   main.run(tiny_config(total_steps=5, eval_every=0), workdir)
+  # The curves of what the trainer logs: not its speed, counts or memory.
+  figure = visualize.plot_training_curves(workdir)
+  assert [ax.get_ylabel() for ax in figure.axes] == ['loss', 'accuracy', 'learning rate']
+  visualize.save_figure(figure, str(tmp_path / 'curves.png'))
   image_path = str(tmp_path / 'seven.png')
   Image.fromarray(np.random.default_rng(0).integers(0, 255, (20, 24), np.uint8)).save(image_path)
   output_dir = str(tmp_path / 'pictures')

@@ -24,8 +24,9 @@ from vit_jax.data import normalization
 from vit_jax.models.vit import PREFIX_TOKENS
 
 HEAD_FUSIONS = ('mean', 'max', 'min')
-# Metrics of a run that are plotted as curves; the rest (speed, ETA, counts) are not.
-_CURVE_SKIP = ('examples_per_sec', 'eta', 'data_wait_fraction', 'num_examples', 'grad_norm')
+# What a run logs that is not drawn as a training curve: speed, ETA, counts, memory.
+_CURVE_SKIP = ('examples_per_sec', 'eta', 'data_wait_fraction', 'num_examples', 'num_decoded',
+               'grad_norm', 'resident_bytes', 'peak_resident_bytes')
 
 
 # ------------------------------------------------------------------------------ extraction
