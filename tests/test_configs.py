@@ -167,7 +167,7 @@ def test_tfds_data_dir_from_the_command_line_reaches_tfds(tmp_path):
               f'--config.data.tfds_data_dir={tmp_path}/tfds', '--config.data.train_split=train',
               *TINY_IMAGES, cwd=REPO)
   assert out.returncode == 0, out.stderr
-  assert 'eval at step 2' in out.stdout and 'num_examples 12.0000' in out.stdout
+  assert 'eval at step 2' in out.stdout and 'num_examples 12\n' in out.stdout
   saved = json.loads((tmp_path / 'run' / 'config.json').read_text())
   assert saved['data']['tfds_data_dir'] == f'{tmp_path}/tfds'
   assert json.loads((tmp_path / 'run' / 'class_names.json').read_text()) == ['ant', 'bee', 'cat']

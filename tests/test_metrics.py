@@ -62,3 +62,9 @@ def test_a_resumed_run_drops_the_rows_it_logs_again_and_a_line_cut_short(tmp_pat
   metrics.keep_rows_until(str(tmp_path), 20)
   assert run_metrics.read_rows(tmp_path) == rows[:2]
   assert (tmp_path / 'metrics.jsonl').read_text().count('\n') == 2
+
+
+def test_an_evaluations_figures_give_counts_as_whole_numbers():
+  assert metrics.figures({'accuracy': 0.97222, 'loss': 0.1, 'num_examples': 360.0,
+                          'num_decoded': 16.0}) == (
+                              'accuracy 0.9722  loss 0.1000  num_examples 360  num_decoded 16')

@@ -325,8 +325,7 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
       checkpointer.finish()
       last_eval = eval_loop.evaluate_state(task, state, mesh, eval_sums)
       writer.write(step, 'test', last_eval)
-      progress.log(f'eval at step {step}: ' + '  '.join(
-          f'{k} {v:.4f}' for k, v in last_eval.items()))
+      progress.log(f'eval at step {step}: {metrics_lib.figures(last_eval)}')
     timer.exclude(time.perf_counter() - not_training_since)
     if not is_last and stop.requested(step):
       if not do_save:
@@ -347,8 +346,7 @@ def _finished(config, workdir: str, task: Task, step: int, mesh, state) -> dict:
   for row in reversed(run_metrics.read_rows(workdir)):
     if row.get('split') == 'test' and row.get('step') == step:
       results = {k: v for k, v in row.items() if k not in ('step', 'split')}
-      progress.log(f'eval at step {step}: ' + '  '.join(f'{k} {v:.4f}'
-                                                        for k, v in results.items()))
+      progress.log(f'eval at step {step}: {metrics_lib.figures(results)}')
       return results
   return _evaluate_and_write(workdir, task, state, step, mesh)
 
@@ -358,8 +356,7 @@ def _evaluate_and_write(workdir: str, task: Task, state: dict, step: int, mesh) 
   writer = metrics_lib.MetricWriter(workdir)
   writer.write(step, 'test', results)
   writer.close()
-  progress.log(f'eval of step {step}: ' + '  '.join(f'{k} {v:.4f}'
-                                                     for k, v in results.items()))
+  progress.log(f'eval of step {step}: {metrics_lib.figures(results)}')
   return results
 
 

@@ -64,6 +64,13 @@ class MetricWriter:
       self._events.close()
 
 
+def figures(results: dict) -> str:
+  """An evaluation's figures for its log line: `accuracy 0.9722  loss 0.1234  num_examples 360`
+  (counts, `num_*`, as whole numbers)."""
+  return '  '.join(f'{name} {value:.0f}' if name.startswith('num_') else f'{name} {value:.4f}'
+                   for name, value in results.items())
+
+
 def keep_rows_until(workdir: str, step: int):
   """Drops WORKDIR/metrics.jsonl's rows after `step` (and lines cut short), as a run resumed
   from the checkpoint of `step` logs those steps again (process 0)."""
