@@ -51,6 +51,9 @@ def user_error(stderr: str) -> str:
 
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# A warning line of TensorFlow's or XLA's C++ logging ('W1204 10:00:00.1 123 x.cc:9] ...'),
+# which no command or notebook should print.
+NATIVE_WARNING = re.compile(r'^[WE]\d{4} [\d:. ]+\d+ \S+\.(cc|h):\d+\]', re.M)
 # A narrow digits model, checkpoints every 2 steps (two kept), one evaluation at the end.
 DIGITS_RUN = ['--config=configs/vit_digits.py', '--config.checkpoint_every=2',
               '--config.eval_every=0', '--config.log_every=1', '--config.batch_size=32',

@@ -22,6 +22,7 @@ import sys
 import nbformat
 import numpy as np
 import pytest
+from helpers import NATIVE_WARNING
 from PIL import Image
 
 from vit_jax.benchmark import gpu_target
@@ -36,7 +37,6 @@ OFFLINE = {'HTTP_PROXY': 'http://127.0.0.1:9', 'HTTPS_PROXY': 'http://127.0.0.1:
            'NO_PROXY': 'localhost,127.0.0.1', 'no_proxy': 'localhost,127.0.0.1',
            'GCS_RETRY_CONFIG_MAX_RETRIES': '0', 'NO_GCE_CHECK': 'true'}
 
-NATIVE_WARNING = re.compile(r'^[WE]\d{4} [\d:. ]+\d+ \S+\.(cc|h):\d+\]', re.M)
 TINY_DIGITS = ('--config.total_steps=4 --config.log_every=2 --config.eval_every=0 '
                '--config.checkpoint_every=0')
 NARROW = ('--config.model.hidden_size=32 --config.model.mlp_dim=64 --config.model.num_heads=2 '
@@ -463,8 +463,7 @@ def test_documented_commands_run_as_written(source, tmp_path, trained_runs, reco
     else:
       assert out.returncode == 0, (written, output)
       assert 'Traceback (most recent call last)' not in output, (written, output)
-      # No warning lines of TensorFlow's or XLA's C++ logging ('W1204 10:00:00.1 ... x.cc:9]').
-      assert not NATIVE_WARNING.search(output), (written, output)
+      assert not NATIVE_WARNING.search(output), (written, output)  # TF's or XLA's C++ logs.
       assert re.search(rule.expect, output), (written, rule.expect, output)
   if source in CLIENT_SECTIONS:
     blocks = _python_blocks(source)

@@ -5,6 +5,7 @@ import os
 import nbclient
 import nbformat
 import pytest
+from helpers import NATIVE_WARNING
 
 COLAB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), 'colab')
 
@@ -34,6 +35,11 @@ def _text(notebook) -> str:
                  if cell.cell_type == 'code' for output in cell.outputs)
 
 
+def _assert_no_native_warnings(notebook):
+  """No cell printed a warning line of TensorFlow's or XLA's C++ logging."""
+  assert not NATIVE_WARNING.search(_text(notebook)), _text(notebook)
+
+
 @pytest.mark.parametrize('name', ['vit_jax.ipynb', 'transformer.ipynb'])
 def test_notebook_cells_are_clean(name):
   notebook = nbformat.read(os.path.join(COLAB, name), as_version=4)
@@ -47,6 +53,7 @@ def test_vit_notebook_runs_headless(tmp_path):
   # Top-5 bars, training curves and two attention-map figures.
   assert _image_outputs(notebook) == 4
   assert 'test accuracy' in _text(notebook)
+  _assert_no_native_warnings(notebook)
   assert os.path.exists(tmp_path / 'runs' / 'digits_notebook' / 'metrics.jsonl')
 
 
@@ -57,3 +64,4 @@ def test_transformer_notebook_runs_headless(tmp_path):
   # Training curves and one cross-attention heat map per sentence.
   assert _image_outputs(notebook) == 3
   assert "'March 3, 2021'" in _text(notebook) and 'beam 2' in _text(notebook)
+  _assert_no_native_warnings(notebook)
