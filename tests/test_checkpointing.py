@@ -111,6 +111,21 @@ def test_readers_change_nothing_in_the_workdir(finished, tmp_path):
   assert (in_progress / 'default' / 'part').read_bytes() == b'x' * 100
   assert sorted(str(p.relative_to(checkpoints)) for p in checkpoints.rglob('*')) == before
 
+  # Evaluating on a folder that labels its classes otherwise: one line; the run's class names
+  # stay as training saved them.
+  from vit_jax.data import make_image_folder  # pylint: disable=g-import-not-at-top
+  folder = tmp_path / 'renamed'
+  make_image_folder.make(str(folder), size=16, train_size=40, test_size=10)
+  for split in ('train', 'test'):
+    (folder / split / '0').rename(folder / split / 'zero')
+  names = (workdir / 'class_names.json').read_text()
+  out = run_main(workdir, '--config.trainer=evaluate', f'--config.data.dataset={folder}')
+  assert re.fullmatch(r"error: config\.data\.dataset='\S+/renamed' \(10 classes\) does not label "
+                      r'its classes as the run in \S+ learnt them \(10 classes, class_names\.json\): '
+                      r"label 0 is '1' there, '0' in the run\. Use the data it was trained on, or "
+                      r'a new --workdir to train on this data\.', user_error(out.stderr)), out.stderr
+  assert (workdir / 'class_names.json').read_text() == names
+
   # A mistyped workdir stays missing: one line, nothing created.
   typo = tmp_path / 'runn'
   out = run_main(typo, '--config.trainer=evaluate')

@@ -84,9 +84,12 @@ class ClassificationTask(task.BatchedTask):
     features = self.model.clone(num_classes=0)  # Pooled pre-logits features.
     self._logits = jax.jit(lambda params, images: self.model.apply({'params': params}, images))
     self._features = jax.jit(lambda params, images: features.apply({'params': params}, images))
-    # Last, once the config has passed every check here: a mistake leaves a new workdir empty.
-    if self.data.class_names and jax.process_index() == 0:
-      class_names.save(workdir, self.data.class_names)  # For trainer=predict.
+    if self.data.class_names:
+      _check_class_names(workdir, self.data.class_names, config.data.dataset)
+      # Saved by training (for trainer=predict), last, once the config has passed every check
+      # here: a mistake leaves a new workdir empty. The other modes only read the workdir.
+      if config.trainer == 'train' and jax.process_index() == 0:
+        class_names.save(workdir, self.data.class_names)
 
   def _dummy_images(self):
     return jnp.zeros((1, *self.data.image_shape), jnp.float32)
@@ -214,6 +217,22 @@ def _renormalization(student_data, teacher_data, teacher_path: str):
   # pixel = (x - offset) / scale, so the teacher's x' = pixel * teacher_scale + teacher_offset.
   ratio = teacher_scale / scale
   return ratio, teacher_offset - offset * ratio
+
+
+def _check_class_names(workdir: str | None, names, dataset: str):
+  """Raises when the run in `workdir` learnt other classes (or another order) than `names`."""
+  learnt = class_names.load(workdir) if workdir else None
+  names = tuple(str(name) for name in names)
+  if learnt is None or learnt == names:
+    return
+  shorter = min(len(names), len(learnt))
+  label = next((i for i in range(shorter) if names[i] != learnt[i]), shorter)
+  name_in = lambda classes: repr(classes[label]) if label < len(classes) else 'no class'
+  raise errors.ConfigError(
+      f'config.data.dataset={dataset!r} ({len(names)} classes) does not label its classes as '
+      f'the run in {workdir} learnt them ({len(learnt)} classes, {class_names.FILE}): label '
+      f'{label} is {name_in(names)} there, {name_in(learnt)} in the run. Use the data it was '
+      'trained on, or a new --workdir to train on this data.')
 
 
 def check_distillation(config: ml_collections.ConfigDict, distilled: bool):
