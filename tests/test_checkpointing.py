@@ -122,8 +122,9 @@ def test_readers_change_nothing_in_the_workdir(finished, tmp_path):
   out = run_main(workdir, '--config.trainer=evaluate', f'--config.data.dataset={folder}')
   assert re.fullmatch(r"error: config\.data\.dataset='\S+/renamed' \(10 classes\) does not label "
                       r'its classes as the run in \S+ learnt them \(10 classes, class_names\.json\): '
-                      r"label 0 is '1' there, '0' in the run\. Use the data it was trained on, or "
-                      r'a new --workdir to train on this data\.', user_error(out.stderr)), out.stderr
+                      r"label 0 is '1' in the data, '0' in the run\. Use the data it was trained "
+                      r'on, or a new --workdir to train on this data\.', user_error(out.stderr)), (
+                          out.stderr)
   assert (workdir / 'class_names.json').read_text() == names
 
   # A mistyped workdir stays missing: one line, nothing created.

@@ -4,6 +4,9 @@ The soft loss against a hand computation, the task's loss against the formula on
 own outputs, lambda 0 against plain training, and a teacher that always answers 3.
 """
 
+import json
+import pathlib
+
 import jax
 import numpy as np
 import pytest
@@ -176,6 +179,14 @@ def test_a_workdir_teacher_sees_the_batch_normalized_as_its_own_run_did(tmp_path
     return float(losses.soft_distillation(logits_dist, logits, 1.0).mean())
   np.testing.assert_allclose(metrics['dist_loss'], dist_loss(teacher_inputs), rtol=1e-4)
   assert abs(dist_loss(batch['image']) - dist_loss(teacher_inputs)) > 1e-2
+
+  # A teacher that learnt its classes in another order would teach shifted labels.
+  (pathlib.Path(teacher) / 'class_names.json').write_text(
+      json.dumps([str(d) for d in (1, 0, *range(2, 10))]))
+  with pytest.raises(errors.ConfigError, match=r"does not label its classes as the teacher in "
+                     r"\S+ learnt them .*label 0 is '0' in the data, '1' in the teacher\. Use a "
+                     r'teacher trained on these classes\.'):
+    classification.ClassificationTask(config, str(tmp_path / 'student'))
 
 
 @pytest.mark.parametrize('overrides, message', [

@@ -97,6 +97,8 @@ class ClassificationTask(task.BatchedTask):
   def _load_teacher(self, path: str):
     if files.isdir(path):
       run_config.check_task(path, 'classification', 'config.teacher')
+      if self.data.class_names:
+        _check_class_names(path, self.data.class_names, self.config.data.dataset, teacher=True)
       teacher_config = run_config.load_config(path)
       model_config = teacher_config.model
       self._teacher_inputs = _renormalization(self.config.data, teacher_config.data, path)
@@ -219,8 +221,9 @@ def _renormalization(student_data, teacher_data, teacher_path: str):
   return ratio, teacher_offset - offset * ratio
 
 
-def _check_class_names(workdir: str | None, names, dataset: str):
-  """Raises when the run in `workdir` learnt other classes (or another order) than `names`."""
+def _check_class_names(workdir: str | None, names, dataset: str, teacher: bool = False):
+  """Raises when the run in `workdir` (the student's own, or its teacher) learnt other classes,
+  or another order, than the data's `names`."""
   learnt = class_names.load(workdir) if workdir else None
   names = tuple(str(name) for name in names)
   if learnt is None or learnt == names:
@@ -228,11 +231,13 @@ def _check_class_names(workdir: str | None, names, dataset: str):
   shorter = min(len(names), len(learnt))
   label = next((i for i in range(shorter) if names[i] != learnt[i]), shorter)
   name_in = lambda classes: repr(classes[label]) if label < len(classes) else 'no class'
+  run = 'the teacher' if teacher else 'the run'
+  remedy = ('Use a teacher trained on these classes.' if teacher else
+            'Use the data it was trained on, or a new --workdir to train on this data.')
   raise errors.ConfigError(
       f'config.data.dataset={dataset!r} ({len(names)} classes) does not label its classes as '
-      f'the run in {workdir} learnt them ({len(learnt)} classes, {class_names.FILE}): label '
-      f'{label} is {name_in(names)} there, {name_in(learnt)} in the run. Use the data it was '
-      'trained on, or a new --workdir to train on this data.')
+      f'{run} in {workdir} learnt them ({len(learnt)} classes, {class_names.FILE}): label '
+      f'{label} is {name_in(names)} in the data, {name_in(learnt)} in {run}. {remedy}')
 
 
 def check_distillation(config: ml_collections.ConfigDict, distilled: bool):
