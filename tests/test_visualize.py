@@ -251,6 +251,15 @@ def test_visualize_image_files_and_missing_checkpoint(tmp_path):
   assert sorted(os.path.relpath(p, workdir) for p in paths) == [
       'visualize/attention_0.png', 'visualize/attention_1.png', 'visualize/predictions.png',
       'visualize/training_curves.png']
+  # Data whose labels mean other classes than the run's: its titles would name wrong labels.
+  from vit_jax.data import make_image_folder  # pylint: disable=g-import-not-at-top
+  folder = tmp_path / 'renamed'
+  make_image_folder.make(str(folder), size=16, train_size=40, test_size=10)
+  for split in ('train', 'test'):
+    (folder / split / '0').rename(folder / split / 'zero')
+  with pytest.raises(ValueError, match=r"'\S+renamed' \(10 classes\) does not label its classes "
+                     r"as the run in \S+ learnt them .*label 0 is '1' in the data, '0' in the run"):
+    main.run(tiny_config(trainer='visualize', **{'data.dataset': str(folder)}), workdir)
   with pytest.raises(ValueError, match='visualize.layer=5 is out of range .* 2 layers'):
     main.run(tiny_config(trainer='visualize', **{'visualize.layer': 5}), workdir)
   with pytest.raises(FileNotFoundError, match="Image file 'nope.png' does not exist"):

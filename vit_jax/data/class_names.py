@@ -47,6 +47,25 @@ def load(workdir: str) -> tuple[str, ...] | None:
   return tuple(str(name) for name in names)
 
 
+def check_learnt(workdir: str | None, names, dataset: str, teacher: bool = False):
+  """Raises when the run in `workdir` (the student's own, or its teacher) learnt other classes,
+  or another order, than the data's `names`."""
+  learnt = load(workdir) if workdir else None
+  names = tuple(str(name) for name in names)
+  if learnt is None or learnt == names:
+    return
+  shorter = min(len(names), len(learnt))
+  label = next((i for i in range(shorter) if names[i] != learnt[i]), shorter)
+  name_in = lambda classes: repr(classes[label]) if label < len(classes) else 'no class'
+  run = 'the teacher' if teacher else 'the run'
+  remedy = ('Use a teacher trained on these classes.' if teacher else
+            'Use the data it was trained on, or a new --workdir to train on this data.')
+  raise errors.ConfigError(
+      f'config.data.dataset={dataset!r} ({len(names)} classes) does not label its classes as '
+      f'{run} in {workdir} learnt them ({len(learnt)} classes, {FILE}): label '
+      f'{label} is {name_in(names)} in the data, {name_in(learnt)} in {run}. {remedy}')
+
+
 def imagenet2012() -> tuple[str, ...]:
   """The 1,000 ImageNet-1k class names (WordNet lemmas) in TFDS imagenet2012's label order."""
   text = (importlib.resources.files('vit_jax.data') / 'imagenet2012_classes.txt').read_text(

@@ -85,7 +85,7 @@ class ClassificationTask(task.BatchedTask):
     self._logits = jax.jit(lambda params, images: self.model.apply({'params': params}, images))
     self._features = jax.jit(lambda params, images: features.apply({'params': params}, images))
     if self.data.class_names:
-      _check_class_names(workdir, self.data.class_names, config.data.dataset)
+      class_names.check_learnt(workdir, self.data.class_names, config.data.dataset)
       # Saved by training (for trainer=predict), last, once the config has passed every check
       # here: a mistake leaves a new workdir empty. The other modes only read the workdir.
       if config.trainer == 'train' and jax.process_index() == 0:
@@ -98,7 +98,8 @@ class ClassificationTask(task.BatchedTask):
     if files.isdir(path):
       run_config.check_task(path, 'classification', 'config.teacher')
       if self.data.class_names:
-        _check_class_names(path, self.data.class_names, self.config.data.dataset, teacher=True)
+        class_names.check_learnt(path, self.data.class_names, self.config.data.dataset,
+                                 teacher=True)
       teacher_config = run_config.load_config(path)
       model_config = teacher_config.model
       self._teacher_inputs = _renormalization(self.config.data, teacher_config.data, path)
@@ -219,25 +220,6 @@ def _renormalization(student_data, teacher_data, teacher_path: str):
   # pixel = (x - offset) / scale, so the teacher's x' = pixel * teacher_scale + teacher_offset.
   ratio = teacher_scale / scale
   return ratio, teacher_offset - offset * ratio
-
-
-def _check_class_names(workdir: str | None, names, dataset: str, teacher: bool = False):
-  """Raises when the run in `workdir` (the student's own, or its teacher) learnt other classes,
-  or another order, than the data's `names`."""
-  learnt = class_names.load(workdir) if workdir else None
-  names = tuple(str(name) for name in names)
-  if learnt is None or learnt == names:
-    return
-  shorter = min(len(names), len(learnt))
-  label = next((i for i in range(shorter) if names[i] != learnt[i]), shorter)
-  name_in = lambda classes: repr(classes[label]) if label < len(classes) else 'no class'
-  run = 'the teacher' if teacher else 'the run'
-  remedy = ('Use a teacher trained on these classes.' if teacher else
-            'Use the data it was trained on, or a new --workdir to train on this data.')
-  raise errors.ConfigError(
-      f'config.data.dataset={dataset!r} ({len(names)} classes) does not label its classes as '
-      f'{run} in {workdir} learnt them ({len(learnt)} classes, {class_names.FILE}): label '
-      f'{label} is {name_in(names)} in the data, {name_in(learnt)} in {run}. {remedy}')
 
 
 def check_distillation(config: ml_collections.ConfigDict, distilled: bool):

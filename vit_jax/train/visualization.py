@@ -15,6 +15,7 @@ import os
 import ml_collections
 
 from vit_jax import errors, progress, visualize
+from vit_jax.data import class_names
 from vit_jax.train import config as train_config, prediction
 
 
@@ -37,7 +38,10 @@ def _image_attention(config, workdir: str, output_dir: str) -> list[str]:
   if files:  # No dataset: the files, read and preprocessed like test images.
     inputs, labels = image_data.load_files(files, config.data), None
   else:
-    batch = next(image_data.build(config.data).eval_batches(config.visualize.num_examples))
+    dataset = image_data.build(config.data)
+    if dataset.class_names:  # Its labels are titled with the run's names.
+      class_names.check_learnt(workdir, dataset.class_names, config.data.dataset)
+    batch = next(dataset.eval_batches(config.visualize.num_examples))
     count = int(batch['mask'].sum())
     inputs, labels = batch['image'][:count], batch['label'][:count]
   logits, weights = visualize.vit_attention(model, params, inputs)
