@@ -30,12 +30,14 @@ def parse_rows(lines) -> list[dict]:
   return rows
 
 
+def _rows_in(path: str) -> list[dict] | None:
+  """The rows of the metrics file at `path`, or None when there is none."""
+  return parse_rows(files.read_text(path).splitlines()) if files.exists(path) else None
+
+
 def read_rows(workdir: str) -> list[dict]:
   """The rows of WORKDIR/metrics.jsonl, in order; [] when there is none."""
-  path = files.join(str(workdir), FILE_NAME)
-  if not files.exists(path):
-    return []
-  return parse_rows(files.read_text(path).splitlines())
+  return _rows_in(files.join(str(workdir), FILE_NAME)) or []
 
 
 def read_series(path: str) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]:
@@ -47,11 +49,12 @@ def read_series(path: str) -> dict[str, dict[str, tuple[np.ndarray, np.ndarray]]
   path = str(path)
   if not path.endswith('.jsonl') or files.isdir(path):
     path = files.join(path, FILE_NAME)
-  if not files.exists(path):
+  rows = _rows_in(path)
+  if rows is None:
     raise errors.MissingFileError(f'No metrics at {path}: pass the workdir of a vit_jax run that '
                                   'has logged at least once.')
   last = {}  # (split, step) -> the last row logged for it.
-  for row in parse_rows(files.read_text(path).splitlines()):
+  for row in rows:
     last[row.pop('split'), row.pop('step')] = row
   series: dict[str, dict[str, list[tuple[int, float]]]] = {}
   for (split, step), row in sorted(last.items(), key=lambda item: item[0][1]):
