@@ -81,10 +81,13 @@ def test_torch_peer_of_seq2seq_runs_where_jax_does_in_bfloat16(tmp_path, capsys)
 def test_a_run_says_on_stderr_what_it_has_compiled_and_what_it_times(tmp_path, capsys):
   assert cli.main([*TINY_VIT, '--json', str(tmp_path / 'out.json')]) == 0
   captured = capsys.readouterr()
-  assert captured.err.splitlines() == [
-      captured.err.splitlines()[0],
-      'benchmark: timing 2 isolated steps each of ours in 2 rounds']
-  assert re.fullmatch(r'benchmark: our step compiled in \d+\.\d s', captured.err.splitlines()[0])
+  lines = captured.err.splitlines()
+  assert len(lines) == 4, captured.err
+  assert re.fullmatch(r'benchmark: our step compiled in \d+\.\d s', lines[0])
+  assert lines[1] == 'benchmark: timing 2 isolated steps each of ours in 2 rounds'
+  for done, line in enumerate(lines[2:], 1):  # Each round says it is done, with the figures.
+    assert re.fullmatch(rf'benchmark: round {done}/2 done in \d+\.\d s; median so far: '
+                        r'ours \d+\.\d ms/step', line), line
   assert captured.out.startswith('ViT-testing infer')  # The table stays on stdout.
 
 

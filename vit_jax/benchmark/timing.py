@@ -123,7 +123,8 @@ def time_alternating(runners: dict[str, Runner], steps: int, rounds: int,
   rounds = max(1, min(rounds, steps))
   progress(f'timing {steps} {how} steps each of {", ".join(runners)} in {rounds} rounds')
   per_round = [steps // rounds + (i < steps % rounds) for i in range(rounds)]
-  for count in per_round:
+  for done, count in enumerate(per_round, 1):
+    round_start = time.perf_counter()
     for name, runner in runners.items():
       times = timings[name].times
       if how == 'isolated':
@@ -142,7 +143,15 @@ def time_alternating(runners: dict[str, Runner], steps: int, rounds: int,
         now = time.perf_counter()
         times.append(now - ready)
         ready, queued = now, following
+    progress(_round_line(done, rounds, time.perf_counter() - round_start, timings))
   return timings
+
+
+def _round_line(done: int, rounds: int, seconds: float, timings: dict[str, Timing]) -> str:
+  """'round 2/5 done in 8.1 s; median so far: ours 143.2 ms/step, timm 161.0 ms/step'."""
+  medians = ', '.join(f'{name} {np.median(t.times) * 1e3:.1f} ms/step'
+                      for name, t in timings.items())
+  return f'round {done}/{rounds} done in {seconds:.1f} s; median so far: {medians}'
 
 
 def peak_tflops(dtype: str, override: float | None) -> float | None:
