@@ -211,3 +211,30 @@ def test_the_range_table_names_fields_of_the_configs(task):
     fields = config.get(section, {}) if section else config
     if key in fields:
       assert isinstance(fields[key], int), name
+
+
+def test_every_name_in_the_range_tables_is_a_field_of_a_task():
+  """A misspelt name would be skipped as a field the task lacks, its range never checked."""
+  configs = (config_lib.classification_config('ViT-B_16'),
+             config_lib.classification_config('R50+ViT-B_16'),
+             config_lib.translation_config())
+  for name in (*config_lib.MINIMUMS, *config_lib.FRACTIONS, *config_lib.NON_NEGATIVE):
+    section, _, key = name.rpartition('.')
+    assert any(key in (c.get(section, {}) if section else c) for c in configs), name
+
+
+def test_rates_and_learning_rates_out_of_range_stop_the_run_at_its_start(tmp_path):
+  """Before, a dropout rate of 1.5 ended in a traceback from the dropout masks, and a negative
+  learning rate, weight decay or warmup trained on quietly."""
+  workdir = tmp_path / 'run'
+  out = subprocess.run([sys.executable, '-m', 'vit_jax.main', '--config=configs/vit_digits.py',
+                        f'--workdir={workdir}', '--config.model.dropout_rate=1.5',
+                        '--config.optimizer.learning_rate=-1', '--config.optimizer.b2=1.0',
+                        '--config.optimizer.warmup_steps=-5', '--config.label_smoothing=0.2'],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert user_error(out.stderr) == (
+      'error: Invalid config.optimizer.warmup_steps=-5 (expected an int >= 0), '
+      'config.model.dropout_rate=1.5 (expected a number in [0, 1)), config.optimizer.b2=1.0 '
+      '(expected a number in [0, 1)), config.optimizer.learning_rate=-1.0 (expected a number '
+      '>= 0).')
+  assert not workdir.exists()

@@ -72,3 +72,14 @@ def test_unknown_dropout_masks_are_a_config_error():
   with pytest.raises(errors.ConfigError, match=r"Unknown dropout masks 'fast'; choose one of"):
     with kernels.use('xla', 'fast'):
       pass
+
+
+@pytest.mark.parametrize('p', [-0.5, 1.5])
+def test_a_probability_outside_0_1_is_a_value_error_not_an_overflow(p):
+  with pytest.raises(ValueError, match=rf'p={p} is not a probability'):
+    dropout.bernoulli(jax.random.key(0), p, (8,))
+
+
+def test_a_module_with_a_dropout_rate_above_1_names_the_rate():
+  with kernels.use('xla', 'hash'), pytest.raises(ValueError, match=r'rate=1\.5\): a dropout'):
+    nn.Dropout(1.5).apply({}, jnp.ones((4, 8)), False, rngs={'dropout': jax.random.key(0)})

@@ -29,6 +29,8 @@ def bernoulli(key: jax.Array, p: float, shape: tuple[int, ...]) -> jax.Array:
   `key` is a typed key (`jax.random.key`) or raw uint32 key data (`jax.random.PRNGKey`).
   Masks of 2^32 elements or more come from `jax.random.bernoulli`.
   """
+  if not 0 <= p <= 1:
+    raise ValueError(f'p={p} is not a probability: expected a number in [0, 1].')
   size = int(np.prod(shape, dtype=np.int64))
   if size >= 2**32:
     return jax.random.bernoulli(key, p, shape)

@@ -92,6 +92,8 @@ def _hashed_dropout(next_fun, args, kwargs, context):
   inputs, deterministic, rng = (bound.arguments.get(name) for name in
                                 ('inputs', 'deterministic', 'rng'))
   deterministic = nn.merge_param('deterministic', layer.deterministic, deterministic)
+  if not 0 <= layer.rate <= 1:
+    raise ValueError(f'nn.Dropout(rate={layer.rate}): a dropout rate must be in [0, 1).')
   if layer.rate == 0.0 or deterministic or layer.rate == 1.0:
     return next_fun(*args, **kwargs)
   keep = 1.0 - layer.rate

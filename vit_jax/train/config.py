@@ -182,21 +182,40 @@ MINIMUMS = {
     'eval_every': 0, 'checkpoint_every': 0, 'keep_checkpoints': 1, 'fsdp_min_size': 0,
     'beam_size': 1, 'max_decode_length': 0, 'decode_batch_size': 1, 'num_eval_decode': 0,
     'visualize.num_examples': 1, 'predict.top_k': 1, 'predict.batch_size': 1,
+    'optimizer.warmup_steps': 0,
 }
+# Number fields that are rates or decays, in [0, 1) (1 would drop or keep everything).
+FRACTIONS = ('label_smoothing', 'model.dropout_rate', 'model.attention_dropout_rate',
+             'model.droppath_rate', 'optimizer.b1', 'optimizer.b2', 'optimizer.momentum')
+# Number fields that no negative value makes sense for.
+NON_NEGATIVE = ('optimizer.learning_rate', 'optimizer.end_learning_rate',
+                'optimizer.weight_decay', 'optimizer.eps', 'optimizer.grad_clip_norm',
+                'length_penalty_alpha', 'fewshot.l2_reg')
+
+
+def _field(config: ml_collections.ConfigDict, name: str):
+  """(True, value) of field 'a.b' of `config`, or (False, None) where the task has none."""
+  section, _, key = name.rpartition('.')
+  fields = config.get(section, {}) if section else config
+  return (True, fields[key]) if key in fields else (False, None)
 
 
 def check_ranges(config: ml_collections.ConfigDict):
-  """One ConfigError naming every integer field below its least value (`MINIMUMS`), so that a
-  run stops at its start, not at the first evaluation it reaches."""
+  """One ConfigError naming every field out of its range (integers below `MINIMUMS`, numbers
+  outside `FRACTIONS`' [0, 1) or below 0 in `NON_NEGATIVE`), so that a run stops at its start,
+  not at the first evaluation it reaches, nor trains on quietly."""
   problems = []
   for name, least in MINIMUMS.items():
-    section, _, key = name.rpartition('.')
-    fields = config.get(section, {}) if section else config
-    if key not in fields:
-      continue
-    value = fields[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    present, value = _field(config, name)
+    if present and (isinstance(value, bool) or not isinstance(value, int) or value < least):
       problems.append(f'config.{name}={value!r} (expected an int >= {least})')
+  for names, within, expected in ((FRACTIONS, lambda v: 0 <= v < 1, 'a number in [0, 1)'),
+                                  (NON_NEGATIVE, lambda v: v >= 0, 'a number >= 0')):
+    for name in names:
+      present, value = _field(config, name)
+      if present and (isinstance(value, bool) or not isinstance(value, (int, float))
+                      or not within(value)):
+        problems.append(f'config.{name}={value!r} (expected {expected})')
   if problems:
     raise errors.ConfigError(f'Invalid {", ".join(problems)}.')
 
