@@ -210,7 +210,7 @@ def test_the_range_table_names_fields_of_the_configs(task):
     section, _, key = name.rpartition('.')
     fields = config.get(section, {}) if section else config
     if key in fields:
-      assert isinstance(fields[key], int), name
+      assert isinstance(fields[key], int) or name in config_lib.UNSET_ALLOWED, name
 
 
 def test_every_name_in_the_range_tables_is_a_field_of_a_task():
@@ -218,7 +218,8 @@ def test_every_name_in_the_range_tables_is_a_field_of_a_task():
   configs = (config_lib.classification_config('ViT-B_16'),
              config_lib.classification_config('R50+ViT-B_16'),
              config_lib.translation_config())
-  for name in (*config_lib.MINIMUMS, *config_lib.FRACTIONS, *config_lib.NON_NEGATIVE):
+  for name in (*config_lib.MINIMUMS, *config_lib.FRACTIONS, *config_lib.NON_NEGATIVE,
+               *config_lib.POSITIVE, 'model.patch_size'):
     section, _, key = name.rpartition('.')
     assert any(key in (c.get(section, {}) if section else c) for c in configs), name
 
@@ -237,4 +238,19 @@ def test_rates_and_learning_rates_out_of_range_stop_the_run_at_its_start(tmp_pat
       'config.model.dropout_rate=1.5 (expected a number in [0, 1)), config.optimizer.b2=1.0 '
       '(expected a number in [0, 1)), config.optimizer.learning_rate=-1.0 (expected a number '
       '>= 0).')
+  assert not workdir.exists()
+
+
+def test_model_sizes_out_of_range_stop_the_run_at_its_start(tmp_path):
+  """Before, each of these ended in a traceback from JAX or Flax."""
+  workdir = tmp_path / 'run'
+  out = subprocess.run([sys.executable, '-m', 'vit_jax.main', '--config=configs/vit_digits.py',
+                        f'--workdir={workdir}', '--config.model.hidden_size=0',
+                        '--config.model.num_heads=0', '--config.model.representation_size=-4',
+                        '--config.model.patch_size=(2,)'],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert user_error(out.stderr) == (
+      'error: Invalid config.model.hidden_size=0 (expected an int >= 1), config.model.num_heads=0 '
+      '(expected an int >= 1), config.model.representation_size=-4 (expected None or an int >= '
+      '1), config.model.patch_size=(2,) (expected (height, width), ints >= 1).')
   assert not workdir.exists()

@@ -182,8 +182,11 @@ MINIMUMS = {
     'eval_every': 0, 'checkpoint_every': 0, 'keep_checkpoints': 1, 'fsdp_min_size': 0,
     'beam_size': 1, 'max_decode_length': 0, 'decode_batch_size': 1, 'num_eval_decode': 0,
     'visualize.num_examples': 1, 'predict.top_k': 1, 'predict.batch_size': 1,
-    'optimizer.warmup_steps': 0,
+    'optimizer.warmup_steps': 0, 'model.hidden_size': 1, 'model.embed_dim': 1,
+    'model.mlp_dim': 1, 'model.num_heads': 1, 'model.num_layers': 0, 'model.max_length': 1,
+    'model.representation_size': 1,
 }
+UNSET_ALLOWED = ('model.representation_size',)  # Integer fields that may be None (unset).
 # Number fields that are rates or decays, in [0, 1) (1 would drop or keep everything).
 FRACTIONS = ('label_smoothing', 'model.dropout_rate', 'model.attention_dropout_rate',
              'model.droppath_rate', 'optimizer.b1', 'optimizer.b2', 'optimizer.momentum')
@@ -191,6 +194,7 @@ FRACTIONS = ('label_smoothing', 'model.dropout_rate', 'model.attention_dropout_r
 NON_NEGATIVE = ('optimizer.learning_rate', 'optimizer.end_learning_rate',
                 'optimizer.weight_decay', 'optimizer.eps', 'optimizer.grad_clip_norm',
                 'length_penalty_alpha', 'fewshot.l2_reg')
+POSITIVE = ('model.resnet_width_factor',)  # Number fields that must be above 0.
 
 
 def _field(config: ml_collections.ConfigDict, name: str):
@@ -202,15 +206,24 @@ def _field(config: ml_collections.ConfigDict, name: str):
 
 def check_ranges(config: ml_collections.ConfigDict):
   """One ConfigError naming every field out of its range (integers below `MINIMUMS`, numbers
-  outside `FRACTIONS`' [0, 1) or below 0 in `NON_NEGATIVE`), so that a run stops at its start,
-  not at the first evaluation it reaches, nor trains on quietly."""
+  outside `FRACTIONS`' [0, 1), below 0 in `NON_NEGATIVE` or not above it in `POSITIVE`, a
+  patch size that is not two sizes), so that a run stops at its start, not in a traceback or
+  at the first evaluation it reaches, nor trains on quietly."""
   problems = []
   for name, least in MINIMUMS.items():
     present, value = _field(config, name)
-    if present and (isinstance(value, bool) or not isinstance(value, int) or value < least):
-      problems.append(f'config.{name}={value!r} (expected an int >= {least})')
+    if not present or (value is None and name in UNSET_ALLOWED):
+      continue
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+      unset = 'None or ' if name in UNSET_ALLOWED else ''
+      problems.append(f'config.{name}={value!r} (expected {unset}an int >= {least})')
+  present, patch = _field(config, 'model.patch_size')
+  if present and not (isinstance(patch, tuple) and len(patch) == 2 and all(
+      isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in patch)):
+    problems.append(f'config.model.patch_size={patch!r} (expected (height, width), ints >= 1)')
   for names, within, expected in ((FRACTIONS, lambda v: 0 <= v < 1, 'a number in [0, 1)'),
-                                  (NON_NEGATIVE, lambda v: v >= 0, 'a number >= 0')):
+                                  (NON_NEGATIVE, lambda v: v >= 0, 'a number >= 0'),
+                                  (POSITIVE, lambda v: v > 0, 'a number > 0')):
     for name in names:
       present, value = _field(config, name)
       if present and (isinstance(value, bool) or not isinstance(value, (int, float))
