@@ -99,9 +99,10 @@ def test_the_compute_dtype_is_one_knob():
   config.model.dtype = 'bfloat16'
   model = config_lib.build_model(config.model, num_classes=10)
   assert model.dtype == np.dtype('bfloat16') and model.param_dtype == np.dtype('float32')
-  config.model.dtype = 'bf16'
-  with pytest.raises(errors.ConfigError, match="dtype='bf16' is not a dtype"):
-    config_lib.build_model(config.model, num_classes=10)
+  for name in ('bf16', 'int8'):  # Not a dtype; not a floating-point one (a JAX traceback before).
+    config.model.dtype = name
+    with pytest.raises(errors.ConfigError, match=f"dtype='{name}' is not a floating-point dtype"):
+      config_lib.build_model(config.model, num_classes=10)
 
 
 def test_a_saved_config_keeps_its_types_and_takes_new_defaults():
@@ -225,16 +226,17 @@ def test_every_name_in_the_range_tables_is_a_field_of_a_task():
 
 
 def test_rates_and_learning_rates_out_of_range_stop_the_run_at_its_start(tmp_path):
-  """Before, a dropout rate of 1.5 ended in a traceback from the dropout masks, and a negative
+  """Before, a dropout rate of 1.5 or a negative seed ended in a traceback, and a negative
   learning rate, weight decay or warmup trained on quietly."""
   workdir = tmp_path / 'run'
   out = subprocess.run([sys.executable, '-m', 'vit_jax.main', '--config=configs/vit_digits.py',
-                        f'--workdir={workdir}', '--config.model.dropout_rate=1.5',
+                        f'--workdir={workdir}', '--config.model.dropout_rate=1.5', '--config.seed=-1',
                         '--config.optimizer.learning_rate=-1', '--config.optimizer.b2=1.0',
                         '--config.optimizer.warmup_steps=-5', '--config.label_smoothing=0.2'],
                        capture_output=True, text=True, cwd=REPO, timeout=300)
   assert user_error(out.stderr) == (
-      'error: Invalid config.optimizer.warmup_steps=-5 (expected an int >= 0), '
+      'error: Invalid config.seed=-1 (expected an int >= 0), '
+      'config.optimizer.warmup_steps=-5 (expected an int >= 0), '
       'config.model.dropout_rate=1.5 (expected a number in [0, 1)), config.optimizer.b2=1.0 '
       '(expected a number in [0, 1)), config.optimizer.learning_rate=-1.0 (expected a number '
       '>= 0).')

@@ -117,7 +117,7 @@ CASES = {
     'corrupt npz': ([DIGITS, '--workdir={root}/new', '--config.pretrained={root}/truncated.npz'],
                     r'Cannot read checkpoint .*truncated\.npz: .*truncated or corrupt'),
     'bad dtype': ([DIGITS, '--workdir={root}/new', '--config.model.dtype=bf16'],
-                  r"dtype='bf16' is not a dtype; use 'float32', 'bfloat16'"),
+                  r"dtype='bf16' is not a floating-point dtype; use 'float32', 'bfloat16'"),
     'no workdir': ([DIGITS], r'--workdir is required'),
     'no config': (['--workdir={root}/nothing'], r'No --config given and --workdir=.*nothing holds '
                                                 r'no config\.json of an earlier run'),

@@ -22,6 +22,14 @@ def test_weight_decay_without_adamw_is_an_error(name):
   optim.make_optimizer(config, total_steps=10)
 
 
+def test_an_unknown_state_dtype_is_an_error_that_names_the_choices():
+  config = optim.default_config()
+  config.state_dtype = 'foo'  # A TypeError traceback from numpy before.
+  with pytest.raises(errors.ConfigError, match=r"state_dtype='foo'; choose one of \('float32', "
+                                               r"'bfloat16'\)"):
+    optim.make_optimizer(config, total_steps=10)
+
+
 def test_adamw_decays_kernels_only():
   params = {'dense': {'kernel': jnp.ones((2, 2)), 'bias': jnp.ones(2)}}
   config = optim.default_config()

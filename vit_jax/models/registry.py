@@ -130,10 +130,13 @@ def _dtype(field: str, value: Any) -> Any:
   if not isinstance(value, str):
     return value
   try:
-    return jnp.dtype(value)
+    dtype = jnp.dtype(value)
   except TypeError:
-    raise errors.ConfigError(f"{field}={value!r} is not a dtype; use 'float32', 'bfloat16' or "
-                     "'float16'.") from None
+    dtype = None
+  if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+    raise errors.ConfigError(f"{field}={value!r} is not a floating-point dtype; use 'float32', "
+                             "'bfloat16' or 'float16'.")
+  return dtype
 
 
 def get_model(name: str, **kwargs) -> nn.Module:

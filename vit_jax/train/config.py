@@ -182,7 +182,7 @@ MINIMUMS = {
     'eval_every': 0, 'checkpoint_every': 0, 'keep_checkpoints': 1, 'fsdp_min_size': 0,
     'beam_size': 1, 'max_decode_length': 0, 'decode_batch_size': 1, 'num_eval_decode': 0,
     'visualize.num_examples': 1, 'predict.top_k': 1, 'predict.batch_size': 1,
-    'optimizer.warmup_steps': 0, 'model.hidden_size': 1, 'model.embed_dim': 1,
+    'seed': 0, 'optimizer.warmup_steps': 0, 'model.hidden_size': 1, 'model.embed_dim': 1,
     'model.mlp_dim': 1, 'model.num_heads': 1, 'model.num_layers': 0, 'model.max_length': 1,
     'model.representation_size': 1,
 }

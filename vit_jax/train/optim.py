@@ -12,6 +12,7 @@ from vit_jax import errors, weights
 
 SCHEDULES = ('cosine', 'linear', 'constant', 'rsqrt')
 OPTIMIZERS = ('adamw', 'adam', 'sgd')
+STATE_DTYPES = ('float32', 'bfloat16')
 
 
 def default_config() -> ml_collections.ConfigDict:
@@ -134,6 +135,9 @@ def make_optimizer(config: ml_collections.ConfigDict,
         f'config.optimizer.weight_decay={config.weight_decay} applies to adamw only, but the '
         f"optimizer is {config.name!r}: set --config.optimizer.weight_decay=0, or use "
         '--config.optimizer.name=adamw.')
+  if config.state_dtype not in STATE_DTYPES:
+    raise errors.ConfigError(f'Unknown config.optimizer.state_dtype={config.state_dtype!r}; '
+                             f'choose one of {STATE_DTYPES}.')
   schedule = make_schedule(config, total_steps)
   state_dtype = jnp.dtype(config.state_dtype)
   if config.name == 'sgd':
