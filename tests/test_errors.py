@@ -47,6 +47,7 @@ def workdirs(tmp_path_factory):
   data = (root / 'wider.npz').read_bytes()
   (root / 'truncated.npz').write_bytes(data[:len(data) // 2])
   (root / 'notes.png').write_text('not an image\n')
+  (root / 'sentences.txt').write_text('Sat, 7 February 1998\n')
   return root
 
 
@@ -119,6 +120,12 @@ CASES = {
     'bad dtype': ([DIGITS, '--workdir={root}/new', '--config.model.dtype=bf16'],
                   r"dtype='bf16' is not a floating-point dtype; use 'float32', 'bfloat16'"),
     'no workdir': ([DIGITS], r'--workdir is required'),
+    # A beam whose buffers exceed any machine's address space (a JAX traceback before).
+    'out of memory': (['--workdir={root}/dates', '--config.trainer=translate',
+                       '--config.input_file={root}/sentences.txt', '--config.beam_size=10000000'],
+                      r'^error: Out of memory in trainer=translate \(XLA: Out of memory '
+                      r'allocating \d+ bytes\): lower --config\.decode_batch_size \(now 8\), or '
+                      r'lower --config\.beam_size \(now 10000000\)\.$'),
     'no config': (['--workdir={root}/nothing'], r'No --config given and --workdir=.*nothing holds '
                                                 r'no config\.json of an earlier run'),
     # The overrides of a mode that reads a workdir find no fields where there is no run.

@@ -29,3 +29,7 @@ class DataUnavailableError(UserError, RuntimeError):
 
 class MissingPackageError(UserError, ImportError):
   """An option needs a package that is not installed; the message says what to install."""
+
+
+class OutOfMemoryError(UserError, MemoryError):
+  """The device ran out of memory with these settings; the message names the ones to lower."""

@@ -197,7 +197,7 @@ NON_NEGATIVE = ('optimizer.learning_rate', 'optimizer.end_learning_rate',
 POSITIVE = ('model.resnet_width_factor',)  # Number fields that must be above 0.
 
 
-def _field(config: ml_collections.ConfigDict, name: str):
+def find_field(config: ml_collections.ConfigDict, name: str):
   """(True, value) of field 'a.b' of `config`, or (False, None) where the task has none."""
   section, _, key = name.rpartition('.')
   fields = config.get(section, {}) if section else config
@@ -211,13 +211,13 @@ def check_ranges(config: ml_collections.ConfigDict):
   at the first evaluation it reaches, nor trains on quietly."""
   problems = []
   for name, least in MINIMUMS.items():
-    present, value = _field(config, name)
+    present, value = find_field(config, name)
     if not present or (value is None and name in UNSET_ALLOWED):
       continue
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
       unset = 'None or ' if name in UNSET_ALLOWED else ''
       problems.append(f'config.{name}={value!r} (expected {unset}an int >= {least})')
-  present, patch = _field(config, 'model.patch_size')
+  present, patch = find_field(config, 'model.patch_size')
   if present and not (isinstance(patch, tuple) and len(patch) == 2 and all(
       isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in patch)):
     problems.append(f'config.model.patch_size={patch!r} (expected (height, width), ints >= 1)')
@@ -225,7 +225,7 @@ def check_ranges(config: ml_collections.ConfigDict):
                                   (NON_NEGATIVE, lambda v: v >= 0, 'a number >= 0'),
                                   (POSITIVE, lambda v: v > 0, 'a number > 0')):
     for name in names:
-      present, value = _field(config, name)
+      present, value = find_field(config, name)
       if present and (isinstance(value, bool) or not isinstance(value, (int, float))
                       or not within(value)):
         problems.append(f'config.{name}={value!r} (expected {expected})')

@@ -148,9 +148,11 @@ def _timeout_message(config: Settings, timeout: int) -> str:
           '--distributed=off for a single-process run.')
 
 
-def _give_up(message: str):
+def exit_at_once(message: str) -> NoReturn:
+  """Prints `error: MESSAGE` and exits with status 1 without JAX's shutdown, which would wait
+  for the other processes (or for a connection) and abort with a stack dump."""
   print(f'error: {message}', file=sys.stderr, flush=True)
-  os._exit(1)  # JAX's connect cannot be interrupted; without this it aborts with a stack dump.
+  os._exit(1)
 
 
 def initialize(mode: str = 'auto', coordinator_address: str | None = None,
@@ -168,7 +170,7 @@ def initialize(mode: str = 'auto', coordinator_address: str | None = None,
     return False
   if jax.config.jax_cpu_collectives_implementation in (None, 'none'):  # Older JAX's default.
     jax.config.update('jax_cpu_collectives_implementation', 'gloo')
-  watchdog = threading.Timer(timeout, _give_up, args=(_timeout_message(config, timeout),))
+  watchdog = threading.Timer(timeout, exit_at_once, args=(_timeout_message(config, timeout),))
   watchdog.daemon = True
   watchdog.start()
   try:
@@ -264,5 +266,5 @@ def exit_lost_process(error: BaseException, resume: str) -> NoReturn:
          ('is' if len(lost) == 1 else 'are') + ' lost' if lost else
          f'a process of the {count} failed')
   reason = ' '.join(str(error).split())[:300]
-  _give_up(f'Process {jax.process_index()}: {who} (the collective failed: {reason}). Restart '
-           f'every process of the job with the same command; {resume}')
+  exit_at_once(f'Process {jax.process_index()}: {who} (the collective failed: {reason}). '
+               f'Restart every process of the job with the same command; {resume}')

@@ -23,7 +23,7 @@ from vit_jax.models import partitioning
 from vit_jax.train import checkpointing, config as config_lib, mesh as mesh_lib, run_config
 from vit_jax.train import distributed, divergence, ema as ema_lib, eval_loop
 from vit_jax.train import metrics as metrics_lib
-from vit_jax.train import optim, preemption
+from vit_jax.train import optim, out_of_memory, preemption
 
 # {'step', 'params', 'opt_state', 'rng'}, and 'ema_params' (an average of 'params') with
 # config.ema_decay > 0.
@@ -272,7 +272,9 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
       progress.log(timer.summary())
     except jax.errors.JaxRuntimeError as error:
       if jax.process_count() == 1:
-        raise
+        raise  # main says an out-of-memory error in one line.
+      if out_of_memory.is_out_of_memory(error):  # This process's own; the others lost it.
+        distributed.exit_at_once(out_of_memory.message(config, error))
       last = checkpointer.latest_step()
       distributed.exit_lost_process(error, 'it resumes from the last checkpoint' + (
           f' (step {last}).' if last is not None else '; none was written yet.'))
