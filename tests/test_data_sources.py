@@ -56,9 +56,12 @@ def test_folder_dataset(tmp_path, caplog, capfd, cache):
   with caplog.at_level(logging.WARNING):
     dataset = images.build(config, process_index=0, process_count=1)
   assert dataset.num_classes == 2 and dataset.class_names == ('cat', 'dog')
-  # The corrupt file is skipped and reported; notes.txt is not an image name, so not counted.
+  # The corrupt file is skipped and reported; notes.txt is not an image name, so not counted,
+  # but said (a folder of .webp or .tiff images would be left out without a word).
   assert dataset.skipped_files == (os.path.join(str(tmp_path), 'train', 'dog', 'corrupt.jpg'),)
   assert 'corrupt.jpg' in caplog.text and 'Skipped 1 of 6' in caplog.text
+  assert (f"Left out 1 file(s) in {tmp_path}/train whose names do not end in .jpg/.jpeg/.png, "
+          f"e.g. ['{tmp_path}/train/dog/notes.txt']") in caplog.text
   assert dataset.num_train_examples == 5
   assert dataset.num_test_examples == 4  # truncated.png looks like a PNG until it is decoded.
 
@@ -117,6 +120,15 @@ def test_folder_without_images_is_a_clear_error(tmp_path):
   os.makedirs(tmp_path / 'train' / 'cat')
   os.makedirs(tmp_path / 'test' / 'cat')
   with pytest.raises(ValueError, match=r'No images in .*train.*expected the layout'):
+    images.build(data_config(dataset=str(tmp_path)), process_index=0, process_count=1)
+
+
+def test_folder_of_other_image_types_says_to_convert_them(tmp_path):
+  for split in ('train', 'test'):
+    _write(f'{tmp_path}/{split}/cat/a.webp', b'RIFF\x00\x00\x00\x00WEBPVP8 ')
+  with pytest.raises(ValueError, match=r"No \.jpg/\.jpeg/\.png images in '.*train': its 1 "
+                                       r"file\(s\) are of other types \(e\.g\. .*a\.webp\); "
+                                       r"convert them to PNG or JPEG\."):
     images.build(data_config(dataset=str(tmp_path)), process_index=0, process_count=1)
 
 

@@ -182,13 +182,20 @@ def test_files_that_are_not_images_are_skipped_and_said(digits_run):
   (folder / 'empty.jpg').write_bytes(b'')
   png = pathlib.Path(good).read_bytes()
   (folder / 'truncated.png').write_bytes(png[:len(png) // 2])
+  (folder / 'scan.tiff').write_bytes(b'II*\x00')  # Not read, but said.
+  (folder / '.DS_Store').write_bytes(b'')  # Hidden: neither.
   out = run_main(f'--workdir={root / "run"}', '--config.trainer=predict',
                  f'--config.predict.inputs={folder}', '--config.predict.top_k=1')
   assert out.returncode == 0, out.stderr
+  assert (f'Left out 1 file(s) in {folder} whose names do not end in .jpg/.jpeg/.png/.gif/.bmp, '
+          f'e.g. {folder}/scan.tiff (name a file in config.predict.inputs to read it whatever its '
+          'name).') in out.stdout.splitlines()
   printed = [line for line in out.stdout.splitlines() if line.startswith(str(folder))]
   assert printed == [good]
   skipped = [line for line in out.stdout.splitlines() if line.startswith('Skipped: ')]
-  assert len(skipped) == 2 and 'empty.jpg is not an image' in skipped[0], out.stdout
+  assert len(skipped) == 2 and skipped[0] == (
+      f'Skipped: {folder}/empty.jpg is not an image that can be read (PNG, JPEG, GIF or BMP): '
+      'its first bytes are those of none of these formats'), out.stdout
   assert 'truncated.png is not an image' in skipped[1]
   pathlib.Path(good).unlink()
   out = run_main(f'--workdir={root / "run"}', '--config.trainer=predict',

@@ -264,6 +264,14 @@ class ImageDataset:
     return self._eval_datasets[batch_size].as_numpy_iterator()
 
 
+# The first bytes of the formats tf.io.decode_image reads (WebP: RIFF, then WEBP at byte 8).
+_SIGNATURES = (b'\x89PNG\r\n\x1a\n', b'\xff\xd8\xff', b'GIF87a', b'GIF89a', b'BM', b'RIFF')
+
+
+def _has_decodable_signature(head: bytes) -> bool:
+  return head.startswith(_SIGNATURES) and (not head.startswith(b'RIFF') or head[8:12] == b'WEBP')
+
+
 def load_files(paths: list[str], config=None) -> np.ndarray:
   """Image files (PNG, JPEG, GIF or BMP, any size) -> model inputs like test images.
 
@@ -284,11 +292,13 @@ def load_files(paths: list[str], config=None) -> np.ndarray:
       raise errors.MissingFileError(f'Image file {path!r} does not exist.')
     if tf.io.gfile.isdir(path):
       raise errors.ConfigError(f'Image file {path!r} is a directory; give image files.')
+    contents = tf.io.read_file(path)
     try:
-      image = tf.io.decode_image(tf.io.read_file(path), channels=config.channels,
-                                 expand_animations=False)
-    except tf.errors.InvalidArgumentError as e:
-      reason = re.sub(r'\{\{.*?\}\}|\[Op:.*', '', e.message).strip()
+      if not _has_decodable_signature(contents.numpy()[:12]):  # Else TF logs a C++ warning.
+        raise ValueError('its first bytes are those of none of these formats')
+      image = tf.io.decode_image(contents, channels=config.channels, expand_animations=False)
+    except (ValueError, tf.errors.InvalidArgumentError) as e:
+      reason = re.sub(r'\{\{.*?\}\}|\[Op:.*', '', getattr(e, 'message', str(e))).strip()
       raise errors.BadFileError(f'{path} is not an image that can be read (PNG, JPEG, GIF or '
                                 f'BMP): {reason}') from None
     images.append(preprocess.eval_images(image, config).numpy())

@@ -227,18 +227,22 @@ def list_class_dirs(split_dir: str) -> list[str]:
           if not name.startswith('.') and files.isdir(files.join(split_dir, name))]
 
 
-def _list_images(split_dir: str, class_names: list[str]) -> tuple[list[str], list[int]]:
-  """Image file paths (sorted per class) and their labels = index into class_names."""
-  paths, labels = [], []
+def _list_images(split_dir: str,
+                 class_names: list[str]) -> tuple[list[str], list[int], list[str]]:
+  """Image file paths (sorted per class), their labels = index into class_names, and the
+  class folders' other files (not hidden, not IMAGE_EXTENSIONS: .webp, .tiff, notes...)."""
+  paths, labels, others = [], [], []
   for label, class_name in enumerate(class_names):
     class_dir = os.path.join(split_dir, class_name)
     if not os.path.isdir(class_dir):
       continue  # A class with no examples in this split.
     names = sorted(entry.name for entry in os.scandir(class_dir)
-                   if entry.is_file() and entry.name.lower().endswith(IMAGE_EXTENSIONS))
-    paths.extend(os.path.join(class_dir, n) for n in names)
-    labels.extend([label] * len(names))
-  return paths, labels
+                   if entry.is_file() and not entry.name.startswith('.'))
+    images = [n for n in names if n.lower().endswith(IMAGE_EXTENSIONS)]
+    paths.extend(os.path.join(class_dir, n) for n in images)
+    labels.extend([label] * len(images))
+    others.extend(os.path.join(class_dir, n) for n in names if n not in images)
+  return paths, labels, others
 
 
 def _drop_non_images(paths: list[str], labels: list[int]) -> tuple[list[str], list[int], list[str]]:
@@ -274,9 +278,17 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
 
   shares, sizes, skipped_files = {}, {}, []
   for key, split_dir in split_dirs.items():
-    paths, labels = _list_images(split_dir, class_names)
+    paths, labels, others = _list_images(split_dir, class_names)
+    extensions = '/'.join(IMAGE_EXTENSIONS)
+    if not paths and others:
+      raise errors.ConfigError(f'No {extensions} images in {split_dir!r}: its {len(others)} '
+                               f'file(s) are of other types (e.g. {others[0]}); convert them to '
+                               'PNG or JPEG.')
     if not paths:
       raise errors.ConfigError(f'No images in {split_dir!r}: expected the layout {_FOLDER_LAYOUT}.')
+    if others:
+      logging.warning('Left out %d file(s) in %s whose names do not end in %s, e.g. %s',
+                      len(others), split_dir, extensions, others[:_NUM_SKIPPED_NAMES_LOGGED])
     present = set(labels)
     empty = [name for label, name in enumerate(class_names) if label not in present]
     if key == 'train_split' and empty:  # Each would be a class the model is asked to learn.

@@ -13,6 +13,7 @@ WORKDIR/class_names.json (saved at training) or from the dataset's name
 """
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -40,11 +41,19 @@ def expand_inputs(spec: str) -> list[str]:
   paths = []
   for item in items:
     if files.isdir(item):
-      found = [files.join(item, name) for name in sorted(files.walk_files(item))
+      names = [name for name in sorted(files.walk_files(item))
+               if not os.path.basename(name).startswith('.')]
+      found = [files.join(item, name) for name in names
                if name.lower().endswith(IMAGE_EXTENSIONS)]
+      others = [files.join(item, name) for name in names
+                if not name.lower().endswith(IMAGE_EXTENSIONS)]
       if not found:
         raise errors.MissingFileError(f'Folder {item} (config.predict.inputs) holds no '
                                       f'{"/".join(IMAGE_EXTENSIONS)} files.')
+      if others:
+        progress.log(f'Left out {len(others)} file(s) in {item} whose names do not end in '
+                     f'{"/".join(IMAGE_EXTENSIONS)}, e.g. {", ".join(others[:3])} (name a file '
+                     'in config.predict.inputs to read it whatever its name).')
       paths += found
     elif any(c in item for c in _GLOB_CHARACTERS):
       found = files.glob(item)
