@@ -21,6 +21,8 @@ def test_training_names_the_batch_knobs_of_its_model_and_says_it_resumes():
       '--config.batch_size (now 512), or raise --config.accum_steps (now 1), or set '
       '--config.model.remat=True (now False), or lower --config.eval_batch_size (now 512); the '
       'checkpoints written so far are kept, and a rerun resumes from the latest.')
+  config.model.remat = True
+  assert 'remat' not in out_of_memory.message(config, XLA_OOM)  # Already on.
   translation = config_lib.translation_config('Transformer-testing')  # Its model has no remat.
   assert 'remat' not in out_of_memory.message(translation, XLA_OOM)
   assert '--config.beam_size (now 4)' in out_of_memory.message(translation, XLA_OOM)

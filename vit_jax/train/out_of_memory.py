@@ -5,6 +5,7 @@ buffers do not fit (a batch, a beam, a model too large for the device); that is 
 settings, not a bug, so the modes end it as a `UserError` instead of a traceback.
 """
 
+import jax
 import ml_collections
 
 from vit_jax.train import config as config_lib
@@ -28,7 +29,6 @@ _KNOBS = {
 
 def is_out_of_memory(error: BaseException) -> bool:
   """Whether `error` is XLA's out-of-memory error (JaxRuntimeError, RESOURCE_EXHAUSTED)."""
-  import jax  # pylint: disable=g-import-not-at-top
   return isinstance(error, jax.errors.JaxRuntimeError) and 'RESOURCE_EXHAUSTED' in str(error)
 
 
@@ -39,7 +39,7 @@ def message(config: ml_collections.ConfigDict, error: BaseException) -> str:
   knobs = []
   for name, how in _KNOBS.get((config.task, config.trainer), ()):
     present, value = config_lib.find_field(config, name)
-    if present:
+    if present and str(value) != how:  # A setting already at the value to set is no advice.
       change = f'{how} --config.{name}' if how in ('lower', 'raise') else \
           f'set --config.{name}={how}'
       knobs.append(f'{change} (now {value!r})')
