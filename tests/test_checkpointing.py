@@ -102,14 +102,20 @@ def test_readers_change_nothing_in_the_workdir(finished, tmp_path):
   (in_progress / 'default' / 'part').write_bytes(b'x' * 100)
   checkpoints = workdir / 'checkpoints'
   before = sorted(str(p.relative_to(checkpoints)) for p in checkpoints.rglob('*'))
+  metrics = (workdir / 'metrics.jsonl').read_bytes()
+  events = sorted(p.name for p in (workdir / 'tensorboard').iterdir())
 
-  out = run_main(workdir, '--config.trainer=evaluate')
+  # Another split, as a user checks a run: its figures must not become the run's test rows
+  # (before, they were appended to metrics.jsonl, and a rerun of the finished run said them).
+  out = run_main(workdir, '--config.trainer=evaluate', '--config.data.test_split=train')
   assert out.returncode == 0 and 'eval of step 8:' in out.stdout, out.stdout + out.stderr
   out = subprocess.run([sys.executable, '-m', 'vit_jax.convert', str(workdir),
                         str(tmp_path / 'out.npz')], capture_output=True, text=True, cwd=REPO)
   assert out.returncode == 0, out.stderr
   assert (in_progress / 'default' / 'part').read_bytes() == b'x' * 100
   assert sorted(str(p.relative_to(checkpoints)) for p in checkpoints.rglob('*')) == before
+  assert (workdir / 'metrics.jsonl').read_bytes() == metrics
+  assert sorted(p.name for p in (workdir / 'tensorboard').iterdir()) == events
 
   # Evaluating on a folder that labels its classes otherwise: one line; the run's class names
   # stay as training saved them.

@@ -350,20 +350,27 @@ def _finished(config, workdir: str, task: Task, step: int, mesh, state) -> dict:
       results = {k: v for k, v in row.items() if k not in ('step', 'split')}
       progress.log(f'eval at step {step}: {metrics_lib.figures(results)}')
       return results
-  return _evaluate_and_write(workdir, task, state, step, mesh)
-
-
-def _evaluate_and_write(workdir: str, task: Task, state: dict, step: int, mesh) -> dict:
-  results = eval_loop.evaluate_state(task, state, mesh, jax.jit(task.eval_sums))
+  results = _evaluate_checkpoint(task, state, step, mesh)  # The run stopped before it.
   writer = metrics_lib.MetricWriter(workdir)
   writer.write(step, 'test', results)
   writer.close()
+  return results
+
+
+def _evaluate_checkpoint(task: Task, state: dict, step: int, mesh) -> dict:
+  """The test figures of the checkpoint of `step` (its `state`), said as `eval of step N: ...`."""
+  results = eval_loop.evaluate_state(task, state, mesh, jax.jit(task.eval_sums))
   progress.log(f'eval of step {step}: {metrics_lib.figures(results)}')
   return results
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
-  """Evaluates the latest checkpoint in WORKDIR on the test split (and its EMA weights)."""
+  """Evaluates the latest checkpoint in WORKDIR on the test split (and its EMA weights).
+
+  It only reads the workdir, as a run may be training there: the figures are printed and
+  returned, not added to the run's metrics.jsonl or TensorBoard (they may be of another split
+  or dataset than the run's own evaluations).
+  """
   mesh = mesh_lib.make_mesh(config.mesh_shape)
   mesh_lib.check_batch_size(config.eval_batch_size, mesh, 'eval_batch_size')
   with checkpointing.Checkpointer(workdir, read_only=True) as checkpointer:
@@ -377,4 +384,4 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dic
       state[key], step = checkpointer.restore_params(
           step, fall_back=config.checkpoint_fallback, abstract_params=target['params'],
           item=key)
-  return _evaluate_and_write(workdir, task, state, step, mesh)
+  return _evaluate_checkpoint(task, state, step, mesh)
