@@ -266,3 +266,16 @@ def test_visualize_image_files_and_missing_checkpoint(tmp_path):
     main.run(tiny_config(trainer='visualize', **{'visualize.inputs': 'nope.png'}), workdir)
   with pytest.raises(ValueError, match=r"Image file '\S+pictures' is a directory; give image "):
     main.run(tiny_config(trainer='visualize', **{'visualize.inputs': output_dir}), workdir)
+
+
+def test_an_output_dir_that_cannot_be_made_stops_before_the_model_runs(tmp_path):
+  from vit_jax.train import config as config_lib, visualization  # pylint: disable=g-import-not-at-top
+  (tmp_path / 'notes.txt').write_text('a file where a directory would go\n')
+  config = config_lib.classification_config('ViT-testing')
+  config.trainer = 'visualize'
+  config.visualize.output_dir = str(tmp_path / 'notes.txt' / 'pictures')
+  # No checkpoint in the workdir either: the output directory is checked first (a
+  # FileNotFoundError traceback once the pictures were drawn, before).
+  with pytest.raises(ValueError,
+                     match=r'Cannot write .*notes\.txt/pictures: Not a directory; choose a path'):
+    visualization.run(config, str(tmp_path / 'no_run'))

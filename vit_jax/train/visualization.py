@@ -14,7 +14,7 @@ import os
 
 import ml_collections
 
-from vit_jax import errors, progress, visualize
+from vit_jax import errors, files, progress, visualize
 from vit_jax.data import class_names
 from vit_jax.train import config as train_config, prediction
 
@@ -97,6 +97,10 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   config = ml_collections.ConfigDict(config.to_dict())
   config.visualize = settings
   output_dir = settings.output_dir or os.path.join(workdir, 'visualize')
+  try:  # Before the model is loaded and run: a path that cannot be written stops at once.
+    os.makedirs(output_dir, exist_ok=True)
+  except OSError as error:
+    raise files.cannot_write(output_dir, error) from None
   if config.task == 'classification':
     paths = _image_attention(config, workdir, output_dir)
   else:
