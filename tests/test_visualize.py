@@ -277,5 +277,7 @@ def test_an_output_dir_that_cannot_be_made_stops_before_the_model_runs(tmp_path)
   # No checkpoint in the workdir either: the output directory is checked first (a
   # FileNotFoundError traceback once the pictures were drawn, before).
   with pytest.raises(ValueError,
-                     match=r'Cannot write .*notes\.txt/pictures: Not a directory; choose a path'):
+                     match=r'Cannot write .*notes\.txt/pictures: Not a directory \(.*notes\.txt\); '
+                           r'choose a path'):
     visualization.run(config, str(tmp_path / 'no_run'))
+  assert not (tmp_path / 'no_run').exists()  # Nothing is made for a run that is not there.

@@ -263,6 +263,18 @@ def cannot_write(path: str, error: OSError) -> errors.ConfigError:
                             'directory you can write to.')
 
 
+def check_can_make_dir(path: str):
+  """Raises `cannot_write`'s error unless directory `path` exists or could be made (its nearest
+  existing ancestor is a directory this process may write in); makes nothing. Local paths."""
+  existing = os.path.abspath(path)
+  while not os.path.exists(existing):
+    existing = os.path.dirname(existing)
+  if not os.path.isdir(existing):
+    raise cannot_write(path, NotADirectoryError(20, 'Not a directory', existing))
+  if not os.access(existing, os.W_OK | os.X_OK):
+    raise cannot_write(path, PermissionError(13, 'Permission denied', existing))
+
+
 def staging_dir(path: str) -> str:
   """A new empty local directory beside `path`, for `replace_with_dir` to rename to it.
 

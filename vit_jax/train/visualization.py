@@ -97,10 +97,8 @@ def run(config: ml_collections.ConfigDict, workdir: str) -> list[str]:
   config = ml_collections.ConfigDict(config.to_dict())
   config.visualize = settings
   output_dir = settings.output_dir or os.path.join(workdir, 'visualize')
-  try:  # Before the model is loaded and run: a path that cannot be written stops at once.
-    os.makedirs(output_dir, exist_ok=True)
-  except OSError as error:
-    raise files.cannot_write(output_dir, error) from None
+  if not files.is_remote(output_dir):  # Checked before the model runs; made when written.
+    files.check_can_make_dir(output_dir)
   if config.task == 'classification':
     paths = _image_attention(config, workdir, output_dir)
   else:
