@@ -70,6 +70,10 @@ CASES = {
     'config argument': (['--config=configs/vit.py:ViT-B_16', '--workdir={root}/new'],
                         r'expected MODEL,DATASET after the .:., e\.g\. '
                         r'--config=configs/vit\.py:ViT-B_16,cifar10'),
+    'override before the config': (['--workdir={root}/new', '--config.total_steps=3', DIGITS],
+                                   r'--config\.total_steps=3 comes before '
+                                   r'--config=configs/vit_digits\.py, which it overrides: put '
+                                   r'--config=FILE first'),
     'missing config file': (['--config=configs/nope.py', '--workdir={root}/new'],
                             r'the config file configs/nope\.py does not exist\. configs has .*'
                             r'vit_digits\.py'),

@@ -140,6 +140,11 @@ def _check_config_file(argv: list[str]):
   spec = _config_spec(argv)
   if spec is None:
     return
+  overrides = [arg for arg in argv if arg.startswith(('--config.', '--noconfig.'))]
+  given = next(i for i, arg in enumerate(argv) if arg == '--config' or arg.startswith('--config='))
+  if overrides and argv.index(overrides[0]) < given:
+    raise errors.ConfigError(f'{overrides[0]} comes before --config={spec}, which it overrides: '
+                             'put --config=FILE first, then the --config.FIELD=VALUE overrides.')
   path = spec.split(':', 1)[0]
   if not os.path.isfile(path):
     folder = os.path.dirname(path) or '.'
