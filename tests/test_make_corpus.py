@@ -54,6 +54,10 @@ def test_mistakes_are_one_line_errors(tmp_path, capsys):
   assert make_corpus.main(['--out', out, '--train_pairs', '6', '--test_pairs', '2',
                            '--overwrite']) == 0
   assert len(_read(tmp_path / 'c', 'train.src')) == 6
+  # A file where a folder of OUT would go: the project's one line, not Python's '[Errno 20]'.
+  assert make_corpus.main(['--out', f'{out}/train.src/x', '--train_pairs', '5']) == 1
+  assert capsys.readouterr().err == (f'error: Cannot write {out}/train.src/x: Not a directory; '
+                                     'choose a path in a directory you can write to.\n')
 
 
 @pytest.mark.parametrize('count', ['-3', 'many'])

@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import errors, files
 
 # Words of each part of speech, in both languages.
 SIZES = {'noun': 2500, 'verb': 500, 'transitive': 500, 'adjective': 700, 'adverb': 120,
@@ -149,8 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   try:
     make(args.out, args.train_pairs, args.test_pairs, args.seed, args.overwrite)
-  except (errors.UserError, OSError) as e:
+  except errors.UserError as e:
     print(f'error: {e}', file=sys.stderr)
+    return 1
+  except OSError as e:  # The filesystem refused OUT (a file in its path, no access, full).
+    print(f'error: {files.cannot_write(args.out, e)}', file=sys.stderr)
     return 1
   print(f'Wrote {args.train_pairs} train and {args.test_pairs} test sentence pairs to '
         f'{args.out}/{{train,test}}.{{src,tgt}}')

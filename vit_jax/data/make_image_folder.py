@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from vit_jax import errors
+from vit_jax import errors, files
 from vit_jax.data import digits
 
 MAX_ROTATION = 12.0  # Degrees, either way.
@@ -93,8 +93,11 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   try:
     make(args.out, args.size, args.train_size, args.test_size, args.seed, args.overwrite)
-  except (errors.UserError, OSError) as e:
+  except errors.UserError as e:
     print(f'error: {e}', file=sys.stderr)
+    return 1
+  except OSError as e:  # The filesystem refused OUT (a file in its path, no access, full).
+    print(f'error: {files.cannot_write(args.out, e)}', file=sys.stderr)
     return 1
   print(f'Wrote {args.train_size} train and {args.test_size} test images '
         f'({args.size}x{args.size}, 10 classes) to {args.out}')
