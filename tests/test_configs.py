@@ -256,3 +256,30 @@ def test_model_sizes_out_of_range_stop_the_run_at_its_start(tmp_path):
       '(expected an int >= 1), config.model.representation_size=-4 (expected None or an int >= '
       '1), config.model.patch_size=(2,) (expected (height, width), ints >= 1).')
   assert not workdir.exists()
+
+
+def test_naming_another_model_on_the_command_line_takes_its_registry_sizes():
+  """Before, `--config.model.name=ViT-Ti_16` on the digits config gave a model named ViT-Ti_16
+  with the digits model's sizes (64 wide, 4 layers, 2x2 patches)."""
+  from vit_jax.train import flag_errors  # pylint: disable=g-import-not-at-top
+  spec = f'--config={REPO}/configs/vit_digits.py'
+  config = config_lib.from_file(spec.split('=', 1)[1])
+  config.model.name, config.model.num_layers = 'ViT-Ti_16', 1  # As the flags set them.
+  flag_errors.switch_model_if_named(
+      config, ['main', spec, '--config.model.name=ViT-Ti_16', '--config.model.num_layers=1'], '')
+  expected = dict(registry.model_config('ViT-Ti_16'), num_layers=1)
+  assert {key: config.model[key] for key in expected} == expected
+  assert config.data.image_size == 8  # The rest of the config stays the file's.
+  # The file's own model named again: its fields stay as the file set them.
+  config = config_lib.from_file(spec.split('=', 1)[1])
+  flag_errors.switch_model_if_named(config, ['main', spec, '--config.model.name=ViT-testing'], '')
+  assert config.model.hidden_size == 64 and config.model.patch_size == (2, 2)
+  # A model of the other task, or an override of a field the new model lacks: one line each.
+  config.model.name = 'Transformer-base'
+  with pytest.raises(errors.ConfigError, match=r'is a Transformer model, but the config is for '
+                                               r'VisionTransformer models \(ViT-testing\)'):
+    flag_errors.switch_model_if_named(config, ['main', spec, '--config.model.name=x'], '')
+  config.model.name = 'ViT-S_16'
+  with pytest.raises(errors.ConfigError, match=r"model ViT-S_16 has no field 'resnet_stages'"):
+    flag_errors.switch_model_if_named(
+        config, ['main', spec, '--config.model.name=x', '--config.model.resnet_stages=2'], '')

@@ -70,6 +70,10 @@ CASES = {
     'config argument': (['--config=configs/vit.py:ViT-B_16', '--workdir={root}/new'],
                         r'expected MODEL,DATASET after the .:., e\.g\. '
                         r'--config=configs/vit\.py:ViT-B_16,cifar10'),
+    'model of the other task': ([DIGITS, '--workdir={root}/new',
+                                 '--config.model.name=Transformer-base'],
+                                r'--config\.model\.name=Transformer-base is a Transformer model, '
+                                r'but the config is for VisionTransformer models'),
     'override before the config': (['--workdir={root}/new', '--config.total_steps=3', DIGITS],
                                    r'--config\.total_steps=3 comes before '
                                    r'--config=configs/vit_digits\.py, which it overrides: put '

@@ -149,6 +149,7 @@ def main(argv):
   flag_errors.check_values(config)
   if not config.task:
     raise errors.ConfigError(flag_errors.no_saved_config(workdir))
+  flag_errors.switch_model_if_named(config, sys.argv, _SAVED_CONFIG)
   if workdir is None and not (config.trainer == 'predict' and config.get('pretrained')):
     raise errors.ConfigError('--workdir is required, e.g. python -m vit_jax.main '
                              '--config=configs/vit_digits.py --workdir=runs/digits')

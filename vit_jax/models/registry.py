@@ -80,6 +80,11 @@ def model_names() -> list[str]:
   return list(MODELS)
 
 
+def model_family(name: str) -> str:
+  """The module class of model `name`: 'VisionTransformer' or 'Transformer'."""
+  return _lookup(name)[0].__name__
+
+
 def _lookup(name: str) -> tuple[type[nn.Module], dict]:
   if name not in MODELS:
     close = difflib.get_close_matches(name, MODELS, n=3)

@@ -43,6 +43,28 @@ def model_and_dataset(arg: str, config_file: str) -> tuple[str, str]:
   return model.strip(), dataset.strip()
 
 
+def switch_model(config: ml_collections.ConfigDict, file_model: str, set_fields: list[str]):
+  """After `--config.model.name` named another model than the config file's `file_model`:
+  `config.model` becomes that model's registry entry, with the `set_fields` (the
+  `--config.model.FIELD` overrides) as given; the file's sizes were another model's."""
+  name = config.model.name
+  if name == file_model:
+    return
+  switched = model_config(name)  # An unknown name: one line with the close ones.
+  family = registry.model_family(name)
+  if family != registry.model_family(file_model):
+    raise errors.ConfigError(f'--config.model.name={name} is a {family} model, but the config '
+                             f'is for {registry.model_family(file_model)} models ({file_model}); '
+                             'use a config of its task.')
+  for field in set_fields:
+    if field not in switched:
+      raise errors.ConfigError(f'--config.model.{field}: model {name} has no field {field!r}.')
+    switched[field] = config.model[field]
+  with config.unlocked():
+    config.model = switched
+  config.model.lock()
+
+
 def describe_model(config: ml_collections.ConfigDict) -> str:
   """'ViT-Ti_16 with dropout_rate=0.1, remat=True': the name and the fields set otherwise."""
   registered = registry.model_config(config.name)

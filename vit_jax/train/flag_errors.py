@@ -43,6 +43,21 @@ def _overrides(argv: list[str]) -> list[tuple[str, str]]:
   return found
 
 
+def switch_model_if_named(config: ml_collections.ConfigDict, argv: list[str], default_spec: str):
+  """With `--config.model.name=OTHER` in argv, `config.model` becomes OTHER's registry entry
+  with argv's other `--config.model.FIELD` overrides (`config.switch_model`); the config
+  file is --config's, else `default_spec` (as `parse_flags` takes it)."""
+  paths = [path for path, _ in _overrides(argv)]
+  if 'model.name' not in paths:
+    return
+  from vit_jax.train import config as config_lib  # pylint: disable=g-import-not-at-top
+  set_fields = [path.split('.', 1)[1] for path in paths
+                if path.startswith('model.') and path != 'model.name']
+  if _config_spec(argv) is None:
+    argv = [argv[0], f'--config={default_spec}', *argv[1:]]
+  config_lib.switch_model(config, _load_config(argv).model.name, set_fields)
+
+
 def _leaf_paths(config: ml_collections.ConfigDict, prefix: str = '') -> list[str]:
   paths = []
   for key, value in config.items():
