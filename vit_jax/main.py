@@ -130,12 +130,14 @@ def run(config, workdir: str):
   if not config.ema_decay and not config.ema_warmup:
     raise errors.ConfigError('config.ema_warmup=False applies to an EMA, but config.ema_decay '
                              'is 0: set --config.ema_decay (e.g. 0.9999), or leave ema_warmup.')
-  from vit_jax import kernels  # pylint: disable=g-import-not-at-top
-  from vit_jax.train import out_of_memory  # pylint: disable=g-import-not-at-top
+  # pylint: disable=g-import-not-at-top
+  import jax
+  from vit_jax import kernels
+  from vit_jax.train import out_of_memory
   with kernels.use(config.matmul, config.dropout_masks):
     try:
       return MODES[config.trainer](config, workdir)
-    except Exception as error:  # pylint: disable=broad-except  # Re-raised unless out of memory.
+    except jax.errors.JaxRuntimeError as error:
       if not out_of_memory.is_out_of_memory(error):
         raise
       raise errors.OutOfMemoryError(out_of_memory.message(config, error)) from error

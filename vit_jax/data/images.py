@@ -272,6 +272,11 @@ def _has_decodable_signature(head: bytes) -> bool:
   return head.startswith(_SIGNATURES) and (not head.startswith(b'RIFF') or head[8:12] == b'WEBP')
 
 
+def _unreadable(path: str, reason: str) -> errors.BadFileError:
+  return errors.BadFileError(f'{path} is not an image that can be read (PNG, JPEG, GIF or BMP): '
+                             f'{reason}')
+
+
 def load_files(paths: list[str], config=None) -> np.ndarray:
   """Image files (PNG, JPEG, GIF or BMP, any size) -> model inputs like test images.
 
@@ -293,14 +298,12 @@ def load_files(paths: list[str], config=None) -> np.ndarray:
     if tf.io.gfile.isdir(path):
       raise errors.ConfigError(f'Image file {path!r} is a directory; give image files.')
     contents = tf.io.read_file(path)
+    if not _has_decodable_signature(contents.numpy()[:12]):  # Else TF logs a C++ warning.
+      raise _unreadable(path, 'its first bytes are those of none of these formats')
     try:
-      if not _has_decodable_signature(contents.numpy()[:12]):  # Else TF logs a C++ warning.
-        raise ValueError('its first bytes are those of none of these formats')
       image = tf.io.decode_image(contents, channels=config.channels, expand_animations=False)
-    except (ValueError, tf.errors.InvalidArgumentError) as e:
-      reason = re.sub(r'\{\{.*?\}\}|\[Op:.*', '', getattr(e, 'message', str(e))).strip()
-      raise errors.BadFileError(f'{path} is not an image that can be read (PNG, JPEG, GIF or '
-                                f'BMP): {reason}') from None
+    except tf.errors.InvalidArgumentError as e:
+      raise _unreadable(path, re.sub(r'\{\{.*?\}\}|\[Op:.*', '', e.message).strip()) from None
     images.append(preprocess.eval_images(image, config).numpy())
   return np.stack(images)
 

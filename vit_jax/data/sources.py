@@ -238,10 +238,12 @@ def _list_images(split_dir: str,
       continue  # A class with no examples in this split.
     names = sorted(entry.name for entry in os.scandir(class_dir)
                    if entry.is_file() and not entry.name.startswith('.'))
-    images = [n for n in names if n.lower().endswith(IMAGE_EXTENSIONS)]
-    paths.extend(os.path.join(class_dir, n) for n in images)
-    labels.extend([label] * len(images))
-    others.extend(os.path.join(class_dir, n) for n in names if n not in images)
+    for name in names:
+      if name.lower().endswith(IMAGE_EXTENSIONS):
+        paths.append(os.path.join(class_dir, name))
+        labels.append(label)
+      else:
+        others.append(os.path.join(class_dir, name))
   return paths, labels, others
 
 

@@ -41,12 +41,11 @@ def expand_inputs(spec: str) -> list[str]:
   paths = []
   for item in items:
     if files.isdir(item):
-      names = [name for name in sorted(files.walk_files(item))
-               if not os.path.basename(name).startswith('.')]
-      found = [files.join(item, name) for name in names
-               if name.lower().endswith(IMAGE_EXTENSIONS)]
-      others = [files.join(item, name) for name in names
-                if not name.lower().endswith(IMAGE_EXTENSIONS)]
+      found, others = [], []
+      for name in sorted(files.walk_files(item)):
+        if not os.path.basename(name).startswith('.'):
+          (found if name.lower().endswith(IMAGE_EXTENSIONS) else others).append(
+              files.join(item, name))
       if not found:
         raise errors.MissingFileError(f'Folder {item} (config.predict.inputs) holds no '
                                       f'{"/".join(IMAGE_EXTENSIONS)} files.')
