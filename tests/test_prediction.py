@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 from helpers import override, user_error
 
-from vit_jax import errors, main, models, weights
+from vit_jax import errors, main, models, progress, weights
 from vit_jax.data import class_names, images, normalization, sources
 from vit_jax.train import checkpointing, config as config_lib, prediction
 
@@ -202,6 +202,22 @@ def test_files_that_are_not_images_are_skipped_and_said(digits_run):
                  f'--config.predict.inputs={folder}')
   assert user_error(out.stderr) == ('error: None of the 2 file(s) of config.predict.inputs is an '
                                     'image that can be read.')
+
+
+def test_the_progress_line_of_a_slow_prediction_counts_the_skipped_files(digits_run, capsys,
+                                                                          monkeypatch):
+  root, config = digits_run
+  monkeypatch.setattr(progress, 'SLOW_SECONDS', 0.0)  # Say the phase however quick it is.
+  folder = root / 'counted'
+  good = _photos(folder, sizes=((8, 8), (8, 8)))
+  (folder / 'empty.png').write_bytes(b'')
+  model = config_lib.build_model(config.model, num_classes=10)
+  params, _ = checkpointing.restore_params(str(root / 'run'))
+  predicted, probabilities = prediction.predict_files(
+      model, params, [*good, str(folder / 'empty.png')], config.data, batch_size=2)
+  assert predicted == good and probabilities.shape == (2, 10)
+  last = capsys.readouterr().err.splitlines()[-1]
+  assert last.startswith('Predicting 3 image(s): 2 of 3 images predicted, 1 skipped in '), last
 
 
 def test_a_corrupt_class_names_file_is_one_line_and_training_writes_it_anew(tmp_path):

@@ -153,6 +153,9 @@ def predict_files(model, params, paths: list[str], data_config,
                                                 images.dtype)])  # One compiled shape.
       probabilities.append(np.asarray(apply(params, padded))[:len(readable)])
       predicted += readable
+    skipped = len(paths) - len(predicted)
+    if skipped:
+      phase.result = f'{len(predicted):,} of {len(paths):,} images predicted, {skipped:,} skipped'
   if not predicted:
     raise errors.BadFileError(f'None of the {len(paths)} file(s) of config.predict.inputs is '
                               'an image that can be read.')
