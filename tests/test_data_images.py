@@ -352,3 +352,27 @@ def test_train_batches_resume_at_a_step():
     batch = next(resumed)
     np.testing.assert_array_equal(batch['image'], expected['image'])
     np.testing.assert_array_equal(batch['label'], expected['label'])
+
+
+# ------------------------------------------------------------------------------ image files
+
+
+@pytest.mark.parametrize('fmt, said', [
+    ('PNG', 'Invalid PNG data'),
+    ('JPEG', 'Premature end of JPEG data. Stopped at line'),
+    ('GIF', 'Invalid GIF data')])
+def test_a_cut_image_file_is_one_error_with_what_its_decoder_said(tmp_path, capfd, fmt, said):
+  import io  # pylint: disable=g-import-not-at-top
+  from PIL import Image  # pylint: disable=g-import-not-at-top
+  from vit_jax import errors  # pylint: disable=g-import-not-at-top
+  encoded = io.BytesIO()
+  Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 64, 3), np.uint8)).save(
+      encoded, format=fmt)
+  path = tmp_path / f'cut.{fmt.lower()}'
+  path.write_bytes(encoded.getvalue()[:len(encoded.getvalue()) // 2])
+  with pytest.raises(errors.BadFileError) as error:
+    images.load_files([str(path)])
+  assert str(error.value).startswith(
+      f'{path} is not an image that can be read (PNG, JPEG, GIF or BMP): {said}'), error.value
+  # TensorFlow's C++ log lines (W0000 ... local_rendezvous.cc:412] ...) stay off the screen.
+  assert capfd.readouterr().err == ''

@@ -12,6 +12,7 @@ Importing this module is cheap; TensorFlow is imported by `build`.
 """
 
 import re
+import sys
 from typing import Iterator
 
 import ml_collections
@@ -277,6 +278,29 @@ def _unreadable(path: str, reason: str) -> errors.BadFileError:
                              f'{reason}')
 
 
+# A line of TensorFlow's C++ logging: E0000 00:00:1796.45  9070 jpeg_mem.cc:331] Premature end...
+_CPP_LOG_LINE = re.compile(r'[EW]\d{4} \S+\s+\d+ ([\w.]+):\d+\] (.*)')
+
+
+def _decoded(path: str, contents, channels: int):
+  """tf.io.decode_image of a file's contents. When it fails, what TensorFlow's C++ logging said
+  (e.g. 'Premature end of JPEG data. Stopped at line 14/64') goes into the one-line error
+  instead of onto the screen; its other lines pass on."""
+  from vit_jax.data import tf_cpu  # pylint: disable=g-import-not-at-top
+  logged = []
+  try:
+    with tf_cpu.stderr_captured() as logged:
+      return tf_cpu.tf.io.decode_image(contents, channels=channels, expand_animations=False)
+  except tf_cpu.tf.errors.InvalidArgumentError as e:
+    said = [m for m in map(_CPP_LOG_LINE.match, logged) if m]
+    logged = [line for line in logged if not _CPP_LOG_LINE.match(line)]
+    details = [m.group(2).strip() for m in said if m.group(1) != 'local_rendezvous.cc']
+    reason = re.sub(r'\{\{.*?\}\}|\[Op:.*', '', e.message).strip()
+    raise _unreadable(path, '; '.join([*details, reason])) from None
+  finally:
+    sys.stderr.write(''.join(logged))
+
+
 def load_files(paths: list[str], config=None) -> np.ndarray:
   """Image files (PNG, JPEG, GIF or BMP, any size) -> model inputs like test images.
 
@@ -300,10 +324,7 @@ def load_files(paths: list[str], config=None) -> np.ndarray:
     contents = tf.io.read_file(path)
     if not _has_decodable_signature(contents.numpy()[:12]):  # Else TF logs a C++ warning.
       raise _unreadable(path, 'its first bytes are those of none of these formats')
-    try:
-      image = tf.io.decode_image(contents, channels=config.channels, expand_animations=False)
-    except tf.errors.InvalidArgumentError as e:
-      raise _unreadable(path, re.sub(r'\{\{.*?\}\}|\[Op:.*', '', e.message).strip()) from None
+    image = _decoded(path, contents, config.channels)
     images.append(preprocess.eval_images(image, config).numpy())
   return np.stack(images)
 

@@ -12,6 +12,7 @@ import os
 import re
 import sys
 import tempfile
+from typing import Iterator
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
 
@@ -21,29 +22,44 @@ _EARLY_INFO = re.compile(r'I\d{4} |WARNING: All log messages before absl::Initia
 
 
 @contextlib.contextmanager
-def _early_info_dropped():
-  """Drops the INFO lines written to stderr inside it (unless TF_CPP_MIN_LOG_LEVEL is 0) and
-  passes every other line on; without a stderr (None, or descriptor 2 closed) does nothing."""
-  quiet = os.environ['TF_CPP_MIN_LOG_LEVEL'] != '0' and sys.stderr is not None
+def stderr_captured() -> Iterator[list[str]]:
+  """Collects the lines written to descriptor 2 inside it (TensorFlow's C++ logging among them)
+  into the list it yields, for the caller to pass on or not; without a stderr (None, or
+  descriptor 2 closed) collects nothing."""
+  lines = []
   try:
-    saved = os.dup(2) if quiet else None
-  except OSError:  # Descriptor 2 is closed: nothing to filter.
+    saved = os.dup(2) if sys.stderr is not None else None
+  except OSError:  # Descriptor 2 is closed: nothing to collect.
     saved = None
   if saved is None:
-    yield
+    yield lines
     return
   sys.stderr.flush()
   with tempfile.TemporaryFile() as captured:
     os.dup2(captured.fileno(), 2)
     try:
-      yield
+      yield lines
     finally:
       sys.stderr.flush()
       os.dup2(saved, 2)
       os.close(saved)
       captured.seek(0)
-      lines = captured.read().decode(errors='replace').splitlines(keepends=True)
-      sys.stderr.write(''.join(line for line in lines if not _EARLY_INFO.match(line)))
+      lines += captured.read().decode(errors='replace').splitlines(keepends=True)
+
+
+@contextlib.contextmanager
+def _early_info_dropped():
+  """Drops the INFO lines written to stderr inside it (unless TF_CPP_MIN_LOG_LEVEL is 0) and
+  passes every other line on."""
+  if os.environ['TF_CPP_MIN_LOG_LEVEL'] == '0':
+    yield
+    return
+  lines = []
+  try:
+    with stderr_captured() as lines:
+      yield
+  finally:
+    sys.stderr.write(''.join(line for line in lines if not _EARLY_INFO.match(line)))
 
 
 with _early_info_dropped():
