@@ -263,16 +263,24 @@ def cannot_write(path: str, error: OSError) -> errors.ConfigError:
                             'directory you can write to.')
 
 
-def check_can_make_dir(path: str):
+def check_can_make_dir(path: str, output: str | None = None):
   """Raises `cannot_write`'s error unless directory `path` exists or could be made (its nearest
-  existing ancestor is a directory this process may write in); makes nothing. Local paths."""
+  existing ancestor is a directory this process may write in); makes nothing. Local paths.
+  The error names `output` (what will be written in `path`), else `path`."""
   existing = os.path.abspath(path)
   while not os.path.exists(existing):
     existing = os.path.dirname(existing)
   if not os.path.isdir(existing):
-    raise cannot_write(path, NotADirectoryError(20, 'Not a directory', existing))
+    raise cannot_write(output or path, NotADirectoryError(20, 'Not a directory', existing))
   if not os.access(existing, os.W_OK | os.X_OK):
-    raise cannot_write(path, PermissionError(13, 'Permission denied', existing))
+    raise cannot_write(output or path, PermissionError(13, 'Permission denied', existing))
+
+
+def check_can_write_file(path: str):
+  """`check_can_make_dir` for the file `path`: its directory could be made, and it is not one."""
+  if os.path.isdir(path):
+    raise cannot_write(path, IsADirectoryError(21, 'Is a directory'))
+  check_can_make_dir(os.path.dirname(os.path.abspath(path)), output=path)
 
 
 def staging_dir(path: str) -> str:

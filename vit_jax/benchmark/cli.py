@@ -34,12 +34,12 @@ import re
 import sys
 from typing import Sequence
 
-from vit_jax import errors, kernels, runtime
+from vit_jax import errors, files, kernels, runtime
 from vit_jax.benchmark import report as report_lib
 from vit_jax.benchmark import timing
 from vit_jax.benchmark.attention_memory import benchmark_attention_memory
 from vit_jax.benchmark.compile_depth import benchmark_compile_depth
-from vit_jax.benchmark import data_input, gpu_target
+from vit_jax.benchmark import data_input, flag_checks, gpu_target
 from vit_jax.benchmark.seq2seq import benchmark_seq2seq
 from vit_jax.benchmark.seq2seq_profile import benchmark_seq2seq_profile
 from vit_jax.benchmark.steps import DTYPES
@@ -69,7 +69,18 @@ def _state_dtype_note(args) -> str:
 
 
 def _int_list(text: str) -> list[int]:
-  return [int(x) for x in text.split(',') if x]
+  try:
+    return [int(x) for x in text.split(',') if x]
+  except ValueError:
+    raise argparse.ArgumentTypeError(f'{text!r} is not comma-separated integers, e.g. '
+                                     '256,512') from None
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+  """Shows defaults, except None (a flag not given: its help says what happens then)."""
+
+  def _get_help_string(self, action):
+    return action.help if action.default is None else super()._get_help_string(action)
 
 
 def parse_xla_options(items: Sequence[str]) -> dict[str, bool | int | str]:
@@ -94,11 +105,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
       prog='python -m vit_jax.benchmark',
       description='Throughput, FLOP/s, MFU and memory of vit_jax models (optionally '
                   'against timm), attention memory, and compile time against depth.',
-      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-  parser.add_argument('--model', default='ViT-B_16', help='registry name')
+      formatter_class=_HelpFormatter)
+  parser.add_argument('--model', help='registry name (default: '
+                      f'{flag_checks.DEFAULT_MODELS["seq2seq"]} for --mode seq2seq, else '
+                      f'{flag_checks.DEFAULT_MODEL})')
   parser.add_argument('--mode', default='infer', choices=('infer', 'train', 'seq2seq', 'data'),
                       help='data: images/s of the train input pipeline on JPEG files')
-  parser.add_argument('--batch', type=int, default=8)
+  parser.add_argument('--batch', type=int, default=8, help='examples per step')
   parser.add_argument('--resolution', type=int, default=224, help='image side (pixels)')
   parser.add_argument('--dtype', default='float32', choices=tuple(DTYPES),
                       help='compute dtype (params stay float32; timm runs under autocast)')
@@ -137,8 +150,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--embed-dim', type=int, help='seq2seq: override the model\'s width')
   parser.add_argument('--mlp-dim', type=int, help='seq2seq: override the MLP width')
   parser.add_argument('--num-heads', type=int, help='override the number of heads')
-  parser.add_argument('--scan-layers', action='store_true')
-  parser.add_argument('--remat', action='store_true')
+  parser.add_argument('--scan-layers', action='store_true',
+                      help='the layers as one scanned layer (as config.model.scan_layers)')
+  parser.add_argument('--remat', action='store_true',
+                      help='recompute activations in the backward pass (as config.model.remat)')
   parser.add_argument('--seq-len', type=int, default=64, help='seq2seq source/target length')
   parser.add_argument('--packed', action='store_true',
                       help='seq2seq: train on packed rows of random sentence pairs, as the '
@@ -150,7 +165,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help='seq2seq --packed: typical sentence length in tokens')
   parser.add_argument('--decode-length', type=int, default=64,
                       help='seq2seq: tokens generated per greedy decode')
-  parser.add_argument('--vocab-size', type=int, default=32000)
+  parser.add_argument('--vocab-size', type=int, default=32000, help='seq2seq: vocabulary size')
   parser.add_argument('--images', help='data: an image folder DIR/train/<class>/*.jpg to read '
                       '(default: JPEGs of ImageNet size written for the run)')
   parser.add_argument('--num-images', type=int, default=256,
@@ -190,52 +205,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help='--attention-memory: attention paths to compare')
   parser.add_argument('--compile-depth', action='store_true',
                       help='compile time of --depth-model (scanned) vs 4 layers')
-  parser.add_argument('--depth-model', default='ViT-H_14')
-  parser.add_argument('--compile-repeats', type=int, default=2)
+  parser.add_argument('--depth-model', default='ViT-H_14',
+                      help='--compile-depth: the deep model compiled')
+  parser.add_argument('--compile-repeats', type=int, default=2,
+                      help='--compile-depth: compiles timed per model (the least is kept)')
   parser.add_argument('--no-unrolled', action='store_true',
                       help='--compile-depth: skip compiling the deep model unrolled')
   args = parser.parse_args(argv)
-  peer = {'seq2seq': 'torch', 'data': None}.get(args.mode, 'timm')
-  if args.compare and peer is None:
-    parser.error(f'--compare does not apply to --mode {args.mode}')
-  if args.compare and args.compare != peer:
-    parser.error(f'--compare {args.compare} does not apply to --mode {args.mode}; '
-                 f'use --compare {peer}')
-  if args.profile and (args.mode != 'seq2seq' or args.compare):
-    parser.error('--profile applies to --mode seq2seq, without --compare')
-  if args.trace:
-    clashing = [flag for flag, on in (
-        ('--profile', args.profile), ('--mode data', args.mode == 'data'),
-        ('--attention-memory', args.attention_memory),
-        ('--compile-depth', args.compile_depth)) if on]
-    if clashing:
-      parser.error(f'--trace does not combine with {", ".join(clashing)}')
-  if args.compile_for:
-    clashing = [flag for flag, on in (
-        ('--compare', args.compare), ('--trace', args.trace), ('--profile', args.profile),
-        ('--packed', args.packed), ('--mode data', args.mode == 'data'),
-        ('--attention-memory', args.attention_memory),
-        ('--compile-depth', args.compile_depth), ('--matmul blas', args.matmul == 'blas'))
-                if on]
-    if clashing:
-      parser.error(f'--compile-for does not combine with {", ".join(clashing)}')
-    args.matmul = 'xla'  # The GPU's products: XLA's, not this CPU's BLAS.
-  if args.hlo_out and (args.mode == 'data' or args.profile or args.attention_memory
-                       or args.compile_depth):
-    parser.error('--hlo-out applies to --mode infer, train and seq2seq')
-  if args.timing != 'auto' and (args.mode == 'data' or args.compile_for
-                                or args.attention_memory or args.compile_depth):
-    parser.error('--timing applies to the timed steps of --mode infer, train and seq2seq')
-  if args.trace_steps < 1 or args.beam_size < 0:
-    parser.error('--trace-steps must be positive and --beam-size non-negative')
-  if args.steps < 1 or args.batch < 1 or args.warmup < 0:
-    parser.error('--steps and --batch must be positive and --warmup non-negative')
-  unknown = [v for v in args.variants if v not in data_input.VARIANTS]
-  if unknown:
-    parser.error(f'--variants: unknown {unknown}; choose from {list(data_input.VARIANTS)}')
-  unknown = [i for i in args.memory_impls if i not in ATTENTION_IMPLEMENTATIONS]
-  if unknown:
-    parser.error(f'--memory-impls: unknown {unknown}; choose from {ATTENTION_IMPLEMENTATIONS}')
+  flag_checks.check(parser, args)
   try:
     args.xla_options = parse_xla_options(args.xla_option)  # Typed, for the compiler.
   except ValueError as error:
@@ -334,7 +311,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1
   print(text)
   if args.json:
-    with open(args.json, 'w') as f:
-      json.dump(report, f, indent=2, default=str)
+    try:
+      files.write_text_atomically(args.json, json.dumps(report, indent=2, default=str))
+    except OSError as error:  # Checked writable at the start; the disk may have filled since.
+      print(f'error: {files.cannot_write(args.json, error)}', file=sys.stderr)
+      return 1
     print(f'Wrote {args.json}')
   return 0

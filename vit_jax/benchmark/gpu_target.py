@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 
-from vit_jax import errors, models
+from vit_jax import errors, files, models
 from vit_jax.benchmark import hlo_costs, memory, steps, timing
 from vit_jax.flops import count_flops
 from vit_jax.models import attention
@@ -175,8 +175,7 @@ def compile_for(args) -> dict:
     compile_s = time.perf_counter() - start
   text = compiled.as_text()
   if args.hlo_out:
-    with open(args.hlo_out, 'w') as f:
-      f.write(text)
+    files.write_text_atomically(args.hlo_out, text)
   peak = target.peak_tflops(args.dtype)
   summary = hlo_costs.summarise(hlo_costs.kernels(text), args.peak_tflops or peak,
                                 target.memory_bandwidth_gbs, model_flops=2 * macs)

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import errors, files
 from vit_jax.benchmark import memory
 from vit_jax.flops import count_flops
 
@@ -224,8 +224,7 @@ class OursRunner(Runner):
 
   def write_hlo(self, path: str):
     """Writes the compiled step's optimised HLO text (`hlo_costs` reads it)."""
-    with open(path, 'w') as f:
-      f.write(self.compiled.as_text())
+    files.write_text_atomically(path, self.compiled.as_text())
 
   def start(self) -> Callable[[], Any]:
     out = self.compiled(*self.args)  # Dispatched; JAX returns before the device is done.

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import jax
 
-from vit_jax import errors
+from vit_jax import errors, files
 
 CATEGORIES: tuple[tuple[str, re.Pattern], ...] = tuple(
     (name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (
@@ -124,7 +124,10 @@ def load(directory: str, not_before: set[str] = frozenset()) -> tuple[str, dict]
 def record(step: Callable[[], Any], steps: int, directory: str) -> dict:
   """Runs `step` (which blocks until its results are ready) `steps` times under the
   profiler, writing the trace under `directory`; returns its `summarise`, with its path."""
-  os.makedirs(directory, exist_ok=True)
+  try:
+    os.makedirs(directory, exist_ok=True)
+  except OSError as error:
+    raise files.cannot_write(directory, error) from None
   earlier = set(glob.glob(os.path.join(directory, '**', 'perfetto_trace.json.gz'),
                           recursive=True))
   with jax.profiler.trace(directory, create_perfetto_trace=True):
