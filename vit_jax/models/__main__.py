@@ -13,6 +13,8 @@ from vit_jax import errors
 from vit_jax.models import registry
 from vit_jax.models.vit import stem_stride
 
+IMAGE_SIZE, NUM_CLASSES, VOCAB_SIZE = 224, 1000, 32000  # The counts' defaults.
+
 
 def _parameter_count(name: str, args) -> int:
   import jax  # pylint: disable=g-import-not-at-top
@@ -42,15 +44,41 @@ def _summary(name: str) -> str:
           f'mlp {settings["mlp_dim"]:4}  patch {pixels}')
 
 
+def _check(parser: argparse.ArgumentParser, args):
+  """Fills in the counts' defaults; a usage error for a flag out of range, or one that does not
+  apply to the model (or to the list of models)."""
+  ranges = {'image_size': (IMAGE_SIZE, 1), 'num_classes': (NUM_CLASSES, 0),
+            'vocab_size': (VOCAB_SIZE, 1)}
+  transformer = args.name is not None and registry.model_family(args.name) == 'Transformer'
+  takes = ('--vocab-size',) if transformer else ('--image-size', '--num-classes')
+  for name, (default, least) in ranges.items():
+    flag, value = '--' + name.replace('_', '-'), getattr(args, name)
+    if value is not None and args.name is None:
+      parser.error(f'{flag} applies to the parameter count of one model: name it, e.g. '
+                   f'{"Transformer-base" if name == "vocab_size" else "ViT-B_16"} {flag} '
+                   f'{value}')
+    if value is not None and flag not in takes:
+      parser.error(f'{flag} does not apply to {args.name}, a '
+                   f'{"Transformer" if transformer else "ViT"}: its count takes '
+                   f'{" and ".join(takes)}')
+    if value is not None and value < least:
+      parser.error(f'invalid {flag} {value} (expected an integer >= {least})')
+    setattr(args, name, default if value is None else value)
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(prog='python -m vit_jax.models', description=__doc__.split(
       '\n')[0])
   parser.add_argument('name', nargs='?', help='a registered model, e.g. ViT-B_16')
-  parser.add_argument('--image-size', type=int, default=224, help='input side for the count')
-  parser.add_argument('--num-classes', type=int, default=1000, help='classes for the count')
-  parser.add_argument('--vocab-size', type=int, default=32000, help='Transformer vocabulary')
+  parser.add_argument('--image-size', type=int,
+                      help=f'ViT: input side for the count (default: {IMAGE_SIZE})')
+  parser.add_argument('--num-classes', type=int,
+                      help=f'ViT: classes for the count, 0 for no head (default: {NUM_CLASSES})')
+  parser.add_argument('--vocab-size', type=int,
+                      help=f'Transformer: vocabulary for the count (default: {VOCAB_SIZE})')
   args = parser.parse_args(argv)
   try:
+    _check(parser, args)
     if args.name is None:
       for name in registry.model_names():
         print(_summary(name))
@@ -60,7 +88,8 @@ def main(argv=None) -> int:
     for field in fields:
       print(f'  --config.model.{field.name}={field.default!r}')
     what = (f'vocabulary {args.vocab_size}' if args.name.startswith('Transformer') else
-            f'{args.image_size}x{args.image_size} input, {args.num_classes} classes')
+            f'{args.image_size}x{args.image_size} input, '
+            + (f'{args.num_classes} classes' if args.num_classes else 'no head: pooled features'))
     print(f'{_parameter_count(args.name, args):,} parameters ({what})')
   except errors.UserError as error:
     print(f'error: {error}', file=sys.stderr)
