@@ -142,3 +142,9 @@ def test_hlo_out_of_a_run_reads_back(tmp_path, capsys):
   assert 'matmul' in printed and 'MFU cannot exceed' in printed
   assert hlo_costs.main([str(tmp_path / 'missing.hlo')]) == 1
   assert 'error: cannot read the kernels of' in capsys.readouterr().err
+  for tflop in ('0', '-1'):  # An MFU bound of 0% or -487,685%.
+    with pytest.raises(SystemExit):
+      hlo_costs.main([str(path), '--model-tflop', tflop])
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f'error: invalid --model-tflop {tflop} (expected a number > 0, e.g. 13.459 for a '
+        'ViT-B/16 train step at batch 128)')
