@@ -252,6 +252,25 @@ def test_image_size_not_multiple_of_patch_size():
     jax.eval_shape(hybrid.init, jax.random.key(0), jnp.zeros((1, 48, 48, 3)))
 
 
+def test_channels_first_images_say_how_to_make_them_nhwc():
+  model = models.get_model('ViT-testing', num_classes=10)
+  with pytest.raises(ValueError, match=r'got shape \(2, 3, 32, 32\), which looks channels-first '
+                                       r'\(NCHW, as torch lays them out\): '
+                                       r'images.transpose\(0, 2, 3, 1\) gives NHWC'):
+    jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((2, 3, 32, 32)))
+
+
+@pytest.mark.parametrize('name', ['ViT-testing', 'DeiT-testing'])
+def test_weights_applied_to_images_of_another_size_say_how_to_fit_them(name):
+  model = models.get_model(name, num_classes=10)
+  params = jax.eval_shape(model.init, jax.random.key(0), jnp.zeros((1, 32, 32, 3)))
+  extra = 2 if name.startswith('DeiT') else 1  # Class (and distillation) tokens.
+  with pytest.raises(ValueError, match=rf'The position embedding holds {64 + extra} tokens of '
+                                       rf'width 32, but the inputs give {256 + extra} of width 32: '
+                                       r'.* vit_jax\.weights\.load_pretrained\(params, '):
+    jax.eval_shape(model.apply, params, jnp.zeros((1, 64, 64, 3)))
+
+
 def test_registry_covers_the_published_families():
   expected = {'ViT-Ti_16', 'ViT-S_16', 'ViT-S_32', 'ViT-B_16', 'ViT-B_32', 'ViT-L_16',
               'ViT-L_32', 'ViT-H_14', 'R50+ViT-B_16', 'R26+ViT-S_32', 'R+ViT-Ti_16',

@@ -58,6 +58,14 @@ class AddPositionEmbs(nn.Module):
     if inputs.ndim != 3:
       raise ValueError(f'Expected (batch, tokens, width) inputs, got shape {inputs.shape}.')
     shape = (1, inputs.shape[1], inputs.shape[2])
+    if self.has_variable('params', 'pos_embedding'):
+      held = self.get_variable('params', 'pos_embedding').shape
+      if tuple(held) != shape:
+        raise errors.ConfigError(
+            f'The position embedding holds {held[1]} tokens of width {held[2]}, but the inputs '
+            f'give {shape[1]} of width {shape[2]}: images of another size than the weights were '
+            'made for. Resize the images to that size, or fit the weights to this one: '
+            'vit_jax.weights.load_pretrained(params, model.init(key, images)).')
     pos_embedding = self.param('pos_embedding', self.posemb_init, shape, self.param_dtype)
     return inputs + pos_embedding.astype(inputs.dtype)
 

@@ -60,6 +60,10 @@ class VisionTransformer(nn.Module):
     if images.ndim != 4:
       raise ValueError(f'Expected NHWC images (batch, height, width, channels), '
                        f'got shape {images.shape}.')
+    if images.shape[1] in (1, 3) and images.shape[3] > 4:
+      raise ValueError(f'Expected NHWC images (batch, height, width, channels), got shape '
+                       f'{images.shape}, which looks channels-first (NCHW, as torch lays them '
+                       'out): images.transpose(0, 2, 3, 1) gives NHWC.')
     self._check_divisible(images.shape)
     x = images.astype(self.dtype)
 
