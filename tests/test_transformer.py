@@ -152,6 +152,18 @@ def test_token_inputs_are_checked(setup):
   model, variables, inputs, targets = setup
   with pytest.raises(ValueError, match='integer token ids of shape'):
     model.apply(variables, inputs.astype(jnp.float32), targets)
+  # An id past the vocabulary embedded as NaN logits (a negative one as another token).
+  with pytest.raises(ValueError, match=rf'inputs holds token id {VOCAB}, outside the vocabulary '
+                                       rf'of {VOCAB} ids \(0 to {VOCAB - 1}\); check the '
+                                       "tokenizer against the model's vocab_size"):
+    model.apply(variables, inputs.at[0, 0].set(VOCAB), targets)
+  with pytest.raises(ValueError, match='targets holds token id -1, outside the vocabulary'):
+    model.apply(variables, inputs, targets.at[1, 2].set(-1))
+  with pytest.raises(ValueError, match=r'inputs and targets must hold the same number of '
+                                       r'sequences, got shapes \(1, 6\) and \(2, 7\)'):
+    model.apply(variables, inputs[:1], targets)
+  # Under jit the ids are not known: no check, nothing traced for one.
+  assert jax.jit(model.apply)(variables, inputs, targets).shape == (2, 7, VOCAB)
 
 
 def test_packed_rows_equal_separate_examples(setup):

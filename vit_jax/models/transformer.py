@@ -12,6 +12,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from vit_jax import errors
 from vit_jax.models.attention import MultiHeadDotProductAttention
@@ -196,7 +197,7 @@ class Transformer(nn.Module):
     Packed rows pass `inputs_segmentation` (1, 2, ... per example) and
     `inputs_positions`; tokens then attend within their own example only.
     """
-    _check_tokens('inputs', inputs)
+    _check_tokens('inputs', inputs, self.vocab_size)
     x = self.source_embedding(inputs) * jnp.sqrt(jnp.asarray(self.embed_dim, self.dtype))
     valid = inputs > 0
     mask = make_padding_mask(valid, valid)
@@ -214,7 +215,7 @@ class Transformer(nn.Module):
     them right itself. With `cached_decoding`, `targets` is the previous token
     (B, 1) and the position advances with each call.
     """
-    _check_tokens('targets', targets)
+    _check_tokens('targets', targets, self.output_vocab_size or self.vocab_size)
     if self.cached_decoding:
       self_mask = None  # The cache hides the future positions.
       query_valid = jnp.ones(targets.shape, bool)
@@ -237,6 +238,9 @@ class Transformer(nn.Module):
                inputs_positions: Array | None = None,
                targets_positions: Array | None = None, train: bool = False) -> Array:
     """Teacher-forced logits (B, T, V) for `targets` given `inputs`."""
+    if inputs.shape[:1] != targets.shape[:1]:
+      raise ValueError(f'inputs and targets must hold the same number of sequences, got shapes '
+                       f'{inputs.shape} and {targets.shape}.')
     encoded = self.encode(inputs, inputs_segmentation=inputs_segmentation,
                           inputs_positions=inputs_positions, train=train)
     return self.decode(encoded, inputs, targets, inputs_segmentation=inputs_segmentation,
@@ -244,7 +248,17 @@ class Transformer(nn.Module):
                        targets_positions=targets_positions, train=train)
 
 
-def _check_tokens(name: str, tokens: Array):
+def _check_tokens(name: str, tokens: Array, vocab_size: int):
+  """Shape and dtype always; the ids' range where they are known (outside jit): an id out of
+  range would embed as NaN, or wrap round to another token, without a word."""
   if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
     raise ValueError(f'{name} must be integer token ids of shape (batch, length), got '
                      f'{tokens.dtype} array of shape {tokens.shape}.')
+  if isinstance(tokens, jax.core.Tracer) or not tokens.size:
+    return
+  values = np.asarray(tokens)  # On the host: under a trace, jnp ops would be traced.
+  low, high = int(values.min()), int(values.max())
+  if low < 0 or high >= vocab_size:
+    raise ValueError(f'{name} holds token id {low if low < 0 else high}, outside the '
+                     f'vocabulary of {vocab_size} ids (0 to {vocab_size - 1}); check the '
+                     'tokenizer against the model\'s vocab_size.')
