@@ -430,6 +430,9 @@ def test_settings_from_flags_environment_and_launcher():
     ({'coordinator_address': 'h:1'}, {}, '--num_processes and --process_id'),
     ({}, {'JAX_NUM_PROCESSES': 'two'}, "JAX_NUM_PROCESSES='two' is not an integer"),
     ({'coordinator_address': 'h', 'num_processes': 2, 'process_id': 0}, {}, 'is not HOST:PORT'),
+    ({'coordinator_address': 'h:99999', 'num_processes': 2, 'process_id': 0}, {},
+     r"coordinator_address='h:99999': port 99999 is not a TCP port \(1 to 65535\); use a free "
+     'port of process 0, e.g. h:1234'),  # It waited --distributed_timeout, saying nothing.
     ({'coordinator_address': 'h:1', 'num_processes': 2, 'process_id': 2}, {},
      r'process_id=2 must be in \[0, num_processes=2\)'),
     ({'mode': 'off', 'num_processes': 2}, {}, '--num_processes given with --distributed=off'),
@@ -437,3 +440,12 @@ def test_settings_from_flags_environment_and_launcher():
 def test_bad_settings_are_named(kwargs, environ, message):
   with pytest.raises(ValueError, match=message):
     distributed.settings(**kwargs, environ=environ)
+
+
+@pytest.mark.parametrize('timeouts, message', [
+    ({'timeout': 0}, r'--distributed_timeout=0 must be at least 1 second\.'),
+    # JAX took it, and the run waited for the other processes.
+    ({'heartbeat_timeout': -1}, r'--distributed_heartbeat_timeout=-1 must be at least 1 second\.')])
+def test_timeouts_below_a_second_are_named_before_anything_starts(timeouts, message):
+  with pytest.raises(ValueError, match=message):
+    distributed.initialize('on', 'h:1', 2, 0, **timeouts)

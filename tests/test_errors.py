@@ -128,6 +128,7 @@ CASES = {
     'bad dtype': ([DIGITS, '--workdir={root}/new', '--config.model.dtype=bf16'],
                   r"dtype='bf16' is not a floating-point dtype; use 'float32', 'bfloat16'"),
     'no workdir': ([DIGITS], r'--workdir is required'),
+    'empty workdir': ([DIGITS, '--workdir='], r"--workdir='' is empty; give a directory"),
     # A beam whose buffers (hundreds of GB) exceed the machine's memory (a JAX traceback before).
     'out of memory': (['--workdir={root}/dates', '--config.trainer=translate',
                        '--config.input_file={root}/sentences.txt', '--config.beam_size=1000000'],

@@ -148,6 +148,9 @@ def main(argv):
     raise errors.ConfigError(f'Unexpected arguments {argv[1:]}: flags are --NAME=VALUE, '
                              'config fields --config.FIELD=VALUE.')
   config, workdir = _CONFIG.value, _WORKDIR.value
+  if workdir is not None and not workdir.strip():
+    raise errors.ConfigError(f'--workdir={workdir!r} is empty; give a directory, e.g. '
+                             '--workdir=runs/digits (a new one to train, or the workdir of a run).')
   flag_errors.check_values(config)
   if not config.task:
     raise errors.ConfigError(flag_errors.no_saved_config(workdir))

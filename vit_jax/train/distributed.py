@@ -119,6 +119,10 @@ def settings(mode: str = 'auto', coordinator_address: str | None = None,
     if not host or not port.isdigit():
       raise errors.ConfigError(f"coordinator_address={address!r} is not HOST:PORT; use process "
                                "0\'s host name or IP address and a free port, e.g. 10.0.0.1:1234.")
+    if not 0 < int(port) < 65536:
+      raise errors.ConfigError(f'coordinator_address={address!r}: port {port} is not a TCP port '
+                               '(1 to 65535); use a free port of process 0, e.g. '
+                               f'{host}:1234.')
   if count is not None and count < 1:
     raise errors.ConfigError(f'num_processes={count} must be at least 1.')
   if index is not None and count is not None and not 0 <= index < count:
@@ -165,6 +169,9 @@ def initialize(mode: str = 'auto', coordinator_address: str | None = None,
   """
   if timeout < 1:
     raise errors.ConfigError(f'--distributed_timeout={timeout} must be at least 1 second.')
+  if heartbeat_timeout < 1:
+    raise errors.ConfigError(f'--distributed_heartbeat_timeout={heartbeat_timeout} must be at '
+                             'least 1 second.')
   config = settings(mode, coordinator_address, num_processes, process_id)
   if config is None:
     return False
