@@ -44,6 +44,13 @@ def test_data_mode_times_a_variant_on_one_core_and_all(tmp_path):
     assert row['cores_to_feed'] == pytest.approx(1000 / row['per_core'])
 
 
+def test_the_title_names_the_files_formats():
+  # A folder of PNGs was called '300 JPEG files'.
+  assert data_input.file_formats(['a/0/x.png', 'a/1/y.PNG']) == 'PNG'
+  assert data_input.file_formats(['x.jpg', 'y.jpeg', 'z.JPG']) == 'JPEG'
+  assert data_input.file_formats(['x.jpg', 'y.png']) == 'JPEG and PNG'
+
+
 def test_data_mode_mistakes_are_named(tmp_path):
   result = _benchmark('--images', str(tmp_path))
   assert result.returncode == 1

@@ -268,7 +268,7 @@ def _run(args: argparse.Namespace) -> tuple[dict, str, str]:
     report = data_input.benchmark_data(args)
     text = report_lib.format_data(report)
     title = (f'train input | {args.resolution}px | batch {args.batch} | {report["num_files"]} '
-             f'JPEG files, {report["mean_file_kb"]:.0f} KB on average | inception crop, flip')
+             f'{report["file_formats"]} files, {report["mean_file_kb"]:.0f} KB on average | inception crop, flip')
   elif args.mode == 'seq2seq':
     if args.profile:
       report = benchmark_seq2seq_profile(args)

@@ -93,6 +93,12 @@ def _in_process(args, folder: str, variant: str, cores: set[int]) -> dict:
   return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def file_formats(paths: list[str]) -> str:
+  """What the files are, by their names' endings: 'JPEG', 'PNG', 'JPEG and PNG'."""
+  endings = {os.path.splitext(path)[1].lstrip('.').upper() for path in paths} - {''}
+  return ' and '.join(sorted({'JPEG' if e == 'JPG' else e for e in endings})) or 'image'
+
+
 def benchmark_data(args) -> dict:
   """Per-core and all-core images/s of each variant, and the cores that feed `args.feed`."""
   cores = sorted(os.sched_getaffinity(0))
@@ -105,8 +111,9 @@ def benchmark_data(args) -> dict:
     else:
       with progress.phase(f'Writing {args.num_images} JPEG files'):
         folder = write_jpegs(scratch, args.num_images)
-    sizes = [os.path.getsize(os.path.join(root, name))
+    found = [os.path.join(root, name)
              for root, _, names in os.walk(os.path.join(folder, 'train')) for name in names]
+    sizes = [os.path.getsize(path) for path in found]
     rows = []
     for variant in args.variants:
       with progress.phase(f'Timing {variant} on one core, then on {len(cores)}'):
@@ -120,6 +127,7 @@ def benchmark_data(args) -> dict:
       resume = {str(step): first_batch_seconds(folder, args.resolution, args.batch, step)
                 for step in RESUME_STEPS}
   return {'rows': rows, 'cores': len(cores), 'feed': args.feed, 'num_files': len(sizes),
+          'file_formats': file_formats(found),
           'mean_file_kb': float(np.mean(sizes)) / 1024, 'first_batch_s': resume}
 
 
