@@ -9,7 +9,7 @@ import pytest
 from weights_helpers import (NUM_CLASSES, SIZE, _assert_trees_equal, _logits, _model,
                              _random_params, _shapes)
 
-from vit_jax import weights
+from vit_jax import models, weights
 
 
 @pytest.mark.parametrize('name, num_extra', [('ViT-testing', 1), ('DeiT-testing', 2)])
@@ -122,3 +122,17 @@ def test_other_architecture_lists_mismatches(tmp_path):
     weights.load_pretrained(path, _shapes('DeiT-testing'))
   with pytest.raises(ValueError, match='embedding/kernel: .* vs'):
     weights.from_timm(weights.to_timm(_random_params('ViT-testing')), wider)
+
+
+def test_weights_of_another_kind_of_model_are_named_as_such(tmp_path):
+  # A seq2seq Transformer's file listed 123 'missing vs' rows and asked for the ViT's width.
+  translator = models.get_model('Transformer-testing', vocab_size=20)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  path = tmp_path / 'translator.npz'
+  weights.save_npz(path, translator.init(jax.random.key(0), tokens, tokens)['params'])
+  with pytest.raises(ValueError) as error:
+    weights.load_pretrained(path, _shapes('ViT-testing'))
+  assert str(error.value) == (
+      f"{path} shares no parameter with the model: it holds a seq2seq Transformer's weights "
+      '(top-level names decoder, encoder, shared_embedding), the model has Transformer, cls, '
+      'embedding, head. Give a checkpoint of the model named in the config.')

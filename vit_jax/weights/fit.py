@@ -120,6 +120,11 @@ def _init_value(name: str, value: Any, why: str) -> np.ndarray:
   return np.asarray(value, np.float32)
 
 
+def _top_names(flat: FlatParams) -> str:
+  names = sorted({name.split('/')[0] for name in flat})
+  return ', '.join(names[:_MAX_LISTED]) + ', ...' * (len(names) > _MAX_LISTED)
+
+
 def format_mismatches(problems: list[tuple[str, Any, Any]]) -> str:
   """'name: file shape vs model shape; ...' for the first few (name, shape, shape), one line."""
   def show(shape):
@@ -230,6 +235,13 @@ def load_pretrained(checkpoint: str | os.PathLike | Mapping[str, Any],
   dropped = [name for name in source if name not in target and name.startswith(droppable)]
   problems += [(name, value.shape, None) for name, value in source.items()
                if name not in target and not name.startswith(droppable)]
+  if problems and not set(source) & set(target):  # Another kind of model altogether.
+    kind = ("a seq2seq Transformer's" if any(n.startswith('decoder/') for n in source) else
+            "a ViT's" if 'embedding/kernel' in source else "another model's")
+    raise errors.ConfigError(
+        f'{source_desc} shares no parameter with the model: it holds {kind} weights (top-level '
+        f'names {_top_names(source)}), the model has {_top_names(target)}. Give a checkpoint '
+        'of the model named in the config.')
   if problems:
     # Top-level names (embedding, tokens, head) tell most; block names come after.
     problems.sort(key=lambda problem: 'encoderblock_' in problem[0])
