@@ -94,3 +94,16 @@ def test_timm_model_gives_the_same_logits(name, tmp_path):
   _assert_trees_equal(
       weights.from_timm({k: v.numpy() for k, v in timm_model.state_dict().items()},
                         _shapes(name)), params)
+
+
+def test_a_seq2seq_transformer_has_no_timm_layout():
+  import jax  # pylint: disable=g-import-not-at-top
+  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
+  from vit_jax import models  # pylint: disable=g-import-not-at-top
+  translator = models.get_model('Transformer-testing', vocab_size=20)
+  tokens = jnp.ones((1, 4), jnp.int32)
+  params = translator.init(jax.random.key(0), tokens, tokens)['params']
+  with pytest.raises(ValueError, match=r"^These are a seq2seq Transformer's weights, which timm "
+                                       r'has no model for: convert them to \.npz or to an orbax '
+                                       r'directory instead\.$'):
+    weights.to_timm(params)

@@ -165,6 +165,9 @@ def to_timm(params: Mapping[str, Any]) -> dict[str, np.ndarray]:
           rule.transform.to_timm([flat[n] for n in names]), dtype=np.float32)
       used.update(names)
   unmapped = [name for name in flat if name not in used]
+  if any(name.startswith('decoder/') for name in unmapped):
+    raise errors.BadFileError('These are a seq2seq Transformer\'s weights, which timm has no '
+                              'model for: convert them to .npz or to an orbax directory instead.')
   if unmapped:
     raise errors.BadFileError(f'No timm name for {len(unmapped)} parameter(s): {unmapped[:10]}. '
                               'Only ViT, DeiT and ResNet-hybrid parameters in the published '
