@@ -2,12 +2,14 @@
 
 import functools
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from weights_helpers import (MODELS, NUM_CLASSES, POSEMB, SIZE, _assert_trees_equal, _flat,
                              _images, _logits, _random_params, _shapes)
 
-from vit_jax import weights
+from vit_jax import models, weights
 from vit_jax.models import model_config
 
 
@@ -97,9 +99,6 @@ def test_timm_model_gives_the_same_logits(name, tmp_path):
 
 
 def test_a_seq2seq_transformer_has_no_timm_layout():
-  import jax  # pylint: disable=g-import-not-at-top
-  import jax.numpy as jnp  # pylint: disable=g-import-not-at-top
-  from vit_jax import models  # pylint: disable=g-import-not-at-top
   translator = models.get_model('Transformer-testing', vocab_size=20)
   tokens = jnp.ones((1, 4), jnp.int32)
   params = translator.init(jax.random.key(0), tokens, tokens)['params']
