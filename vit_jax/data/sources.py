@@ -18,7 +18,7 @@ from absl import logging
 import ml_collections
 import numpy as np
 
-from vit_jax import errors, files
+from vit_jax import errors, files, progress
 from vit_jax.data import digits, tfds_common
 from vit_jax.data.hosts import host_range
 from vit_jax.data.tf_cpu import as_written, tf
@@ -27,7 +27,6 @@ IMAGE_EXTENSIONS = ('.jpg', '.jpeg', '.png')
 _PNG_SIGNATURE = b'\x89PNG\r\n\x1a\n'
 _JPEG_SIGNATURE = b'\xff\xd8\xff'
 _FOLDER_LAYOUT = 'DIR/{train,test}/<class name>/*.{jpg,jpeg,png}'
-_NUM_SKIPPED_NAMES_LOGGED = 5
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,8 +288,9 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
     if not paths:
       raise errors.ConfigError(f'No images in {split_dir!r}: expected the layout {_FOLDER_LAYOUT}.')
     if others:
-      logging.warning('Left out %d file(s) in %s whose names do not end in %s, e.g. %s',
-                      len(others), split_dir, extensions, others[:_NUM_SKIPPED_NAMES_LOGGED])
+      # Every host lists the whole folder: said once, by process 0.
+      progress.log(f'Left out {len(others)} file(s) in {split_dir} whose names do not end in '
+                   f'{extensions}, e.g. {others[0]} (convert them to PNG or JPEG to use them).')
     present = set(labels)
     empty = [name for label, name in enumerate(class_names) if label not in present]
     if key == 'train_split' and empty:  # Each would be a class the model is asked to learn.
@@ -299,9 +299,8 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
     paths, labels, skipped = _drop_non_images(paths, labels)
     if skipped:
       skipped_files.extend(skipped)
-      logging.warning('Skipped %d of %d files in %s that are not PNG or JPEG images, e.g. %s',
-                      len(skipped), len(paths) + len(skipped), split_dir,
-                      skipped[:_NUM_SKIPPED_NAMES_LOGGED])
+      progress.log(f'Skipped {len(skipped)} of {len(paths) + len(skipped)} files in '
+                   f'{split_dir} that are not PNG or JPEG images, e.g. {skipped[0]}.')
     if not paths:
       raise errors.ConfigError(f'None of the image files in {split_dir!r} is a PNG or JPEG image.')
     # A fixed shuffle so that each host's contiguous share holds all classes.
