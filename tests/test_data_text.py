@@ -2,7 +2,6 @@
 
 import datetime
 import gzip
-import logging
 import re
 import subprocess
 import sys
@@ -329,14 +328,15 @@ def test_missing_file_and_malformed_pair_are_clear_errors(tmp_path):
     _build(_config(dataset='files'))
 
 
-def test_files_empty_lines_are_skipped_and_counted(tmp_path, caplog):
+def test_files_empty_lines_are_skipped_and_counted(tmp_path, capsys):
   config = _files_config(tmp_path, ['a b', '', 'c d', 'e f', '  '], ['A B', 'X', 'C D', '', 'Y'],
                          tokenizer='bytes', pack=False, shuffle_buffer=1)
-  with caplog.at_level(logging.WARNING):
-    dataset = _build(config)
+  dataset = _build(config)
   assert dataset.num_train_examples == 5 and dataset.local_num_train_examples == 2
   assert dataset.num_empty == {'train': 3, 'test': 0}
-  assert 'Skipped 3 of 5 examples' in caplog.text and 'lines [2, 4, 5]' in caplog.text
+  # A plain line (absl's 'W1205 04:03:20.99 1399 packing.py:53]' prefix before).
+  assert (f'Skipped 3 of 5 examples of the train_files ({tmp_path}/train.de, {tmp_path}/train.en) '
+          'whose source or target is empty (lines 2, 4, 5).') in capsys.readouterr().out.splitlines()
   batch = next(dataset.train_batches(batch_size=2))
   assert [dataset.tokenizer.decode(r) for r in batch['targets']] == ['A B', 'C D']
 
@@ -356,18 +356,26 @@ def test_a_test_split_with_nothing_to_evaluate_stops_the_build(tmp_path):
 
 
 @pytest.mark.parametrize('long_examples', ['truncate', 'skip'])
-def test_files_long_lines_are_truncated_or_skipped_and_counted(tmp_path, caplog, long_examples):
+def test_files_long_lines_are_truncated_or_skipped_and_counted(tmp_path, capsys, long_examples):
   sources = ['short', 'x' * 30, 'also short']
   targets = ['kurz', 'y' * 5, 'z' * 12]  # The third is too long on the target side.
   config = _files_config(tmp_path, sources, targets, tokenizer='bytes', max_length=10,
                          long_examples=long_examples, pack=False, shuffle_buffer=1)
-  with caplog.at_level(logging.WARNING):
-    dataset = _build(config)
+  dataset = _build(config)
   assert dataset.num_long['train'] == 2
   # Test pairs are all evaluated: 'Guten Morgen' (12 bytes) is truncated, never skipped.
   assert dataset.local_num_test_examples == 2 and dataset.num_long['test'] == 1
   action = 'Truncated' if long_examples == 'truncate' else 'Skipped'
-  assert f'{action} 2 of 3 examples' in caplog.text and 'longer than 10 tokens' in caplog.text
+  said = capsys.readouterr().out.splitlines()
+  assert (f'{action} 2 of 3 examples of the train_files ({tmp_path}/train.de, {tmp_path}/train.en) '
+          'that are longer than 10 tokens (source or target, EOS included; the longest has 31; '
+          "lines 2, 3). config.data.long_examples ('truncate' or 'skip') chooses what happens to "
+          'them; or raise config.data.max_length.') in said
+  # The test split's are truncated whatever long_examples says (it told to set it).
+  assert (f'Truncated 1 of 2 examples of the eval_files ({tmp_path}/test.de, {tmp_path}/test.en) '
+          'that are longer than 10 tokens (source or target, EOS included; the longest has 13; '
+          'line 1). Test pairs are evaluated truncated; raise config.data.eval_max_length to '
+          'evaluate them whole.') in said
   decode = dataset.tokenizer.decode
   batch = next(dataset.train_batches(batch_size=dataset.local_num_train_examples))
   if long_examples == 'truncate':

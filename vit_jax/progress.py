@@ -1,7 +1,7 @@
 """What a run tells its user while it works: log lines, long phases, progress counts.
 
 Printed on process 0 only (every process computes the same numbers): `log` lines to stdout,
-`Phase` lines to stderr.
+`Phase` lines to stderr; `log_on_every_process` for what each process says of its own share.
 """
 
 import contextlib
@@ -27,6 +27,12 @@ def log(message: str):
   """Prints `message` on process 0."""
   if jax.process_index() == 0:
     print(message, flush=True)
+
+
+def log_on_every_process(message: str):
+  """Prints `message` on every process: for what differs between them (each one's share of the
+  data)."""
+  print(message, flush=True)
 
 
 def note(message: str):

@@ -8,12 +8,21 @@ Rows are packed greedily and in order: an example goes into the current row when
 and target fit, otherwise it starts the next row; examples are never split.
 """
 
-from absl import logging
+import jax
 import numpy as np
 
+from vit_jax import progress
 from vit_jax.data.tokenizers import EOS_ID, PAD_ID
 
-_NUM_LINES_LOGGED = 5  # Line numbers named in a warning about skipped examples.
+_NUM_LINES_NAMED = 5  # Line numbers named in a line about skipped examples.
+
+
+def _lines(numbers: np.ndarray) -> str:
+  """'line 5', or 'e.g. lines 1, 3, 4, 6, 8'."""
+  if len(numbers) == 1:
+    return f'line {numbers[0]}'
+  shown = ', '.join(str(n) for n in numbers[:_NUM_LINES_NAMED])
+  return f'{"e.g. " * (len(numbers) > _NUM_LINES_NAMED)}lines {shown}'
 
 
 class Side:
@@ -38,7 +47,9 @@ class Examples:
   use, and `source_lengths` / `target_lengths` their lengths in batches (truncated, EOS included).
   """
 
-  def __init__(self, split, tokenizer, max_length: int, long_examples: str):
+  def __init__(self, split, tokenizer, max_length: int, long_examples: str,
+               long_advice: str = "config.data.long_examples ('truncate' or 'skip') chooses what "
+               'happens to them; or raise config.data.max_length.'):
     self.name = split.name
     self.texts = list(zip(split.sources, split.targets))
     self.source = Side(tokenizer, split.sources)
@@ -49,20 +60,19 @@ class Examples:
     long = ~empty & (longest > max_length)
     self.num_empty = int(empty.sum())
     self.num_long = int(long.sum())
+    # Each process tokenizes its own share of the split, and says what it dropped or cut.
+    where = (f"process {jax.process_index()}'s share of the {split.name}"
+             if jax.process_count() > 1 else f'the {split.name}')
     if self.num_empty:
-      logging.warning(
-          "Skipped %d of %d examples in this host's share of the %s whose source or target is "
-          'empty (e.g. lines %s).', self.num_empty, num, split.name,
-          split.line_numbers[empty][:_NUM_LINES_LOGGED].tolist())
+      progress.log_on_every_process(
+          f'Skipped {self.num_empty} of {num} examples of {where} whose source or target is '
+          f'empty ({_lines(split.line_numbers[empty])}).')
     if self.num_long:
       action = 'Truncated' if long_examples == 'truncate' else 'Skipped'
-      logging.warning(
-          "%s %d of %d examples in this host's share of the %s that are longer than %d tokens "
-          '(source or target, EOS included; the longest has %d, e.g. lines %s). '
-          "config.data.long_examples ('truncate' or 'skip') chooses what happens to them; "
-          'or raise max_length.',
-          action, self.num_long, num, split.name, max_length, int(longest[long].max()),
-          split.line_numbers[long][:_NUM_LINES_LOGGED].tolist())
+      progress.log_on_every_process(
+          f'{action} {self.num_long} of {num} examples of {where} that are longer than '
+          f'{max_length} tokens (source or target, EOS included; the longest has '
+          f'{int(longest[long].max())}; {_lines(split.line_numbers[long])}). {long_advice}')
     dropped = empty | long if long_examples == 'skip' else empty
     self.kept = np.flatnonzero(~dropped)  # (K,)
     # Lengths in batches, per kept example: at most max_length - 1 tokens, then EOS.

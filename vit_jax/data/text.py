@@ -62,7 +62,10 @@ class TextDataset:
       self._train = packing.Examples(source.train, tokenizer, self.max_length,
                                      config.long_examples)
       # Every test pair is evaluated (BLEU over the whole split): long ones are truncated.
-      self._test = packing.Examples(source.test, tokenizer, self.eval_max_length, 'truncate')
+      self._test = packing.Examples(
+          source.test, tokenizer, self.eval_max_length, 'truncate',
+          long_advice='Test pairs are evaluated truncated; raise config.data.eval_max_length to '
+          'evaluate them whole.')
     self._max_local_test_examples = source.test.max_local_examples
     self.num_train_examples = source.train.num_examples
     self.num_test_examples = source.test.num_examples
