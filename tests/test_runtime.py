@@ -6,10 +6,11 @@ import subprocess
 import sys
 
 import jax
+import ml_collections
 import pytest
 from helpers import REPO, digits_command, final_eval
 
-from vit_jax import errors, runtime
+from vit_jax import errors, main, runtime
 
 # A program that sets the collector as the command-line programs do, then leaves garbage
 # in a reference cycle with a finalizer at exit.
@@ -96,3 +97,12 @@ def test_an_unusable_compilation_cache_costs_a_warning_not_the_run(tmp_path):
   assert out.returncode == 0, out.stderr
   assert 'persistent compilation cache' in out.stderr
   assert final_eval(out, 2)
+
+
+def test_tune_malloc_without_glibc_is_a_note_and_the_run_goes_on(monkeypatch, capsys):
+  monkeypatch.setattr(runtime, 'tune_malloc', lambda: False)  # As on macOS.
+  main.tune_malloc_for(ml_collections.ConfigDict({'tune_malloc': True}), on_cpu=True)
+  assert capsys.readouterr().err == ('note: config.tune_malloc needs glibc (Linux); running '
+                                     'without it (set it to False to leave this note out).\n')
+  main.tune_malloc_for(ml_collections.ConfigDict({'tune_malloc': True}), on_cpu=False)
+  assert capsys.readouterr().err == ''  # Accelerator runs leave malloc alone.

@@ -50,7 +50,9 @@ _HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
 def tune_malloc_for(config, on_cpu: bool) -> None:
   """Applies `config.tune_malloc` on CPU runs; call before JAX or TF start threads."""
   if config.get('tune_malloc') and on_cpu and not runtime.tune_malloc():
-    logging.warning('config.tune_malloc needs glibc (Linux); running without it.')
+    # Printed as it is: asking JAX which process this is would start its backend too early.
+    print('note: config.tune_malloc needs glibc (Linux); running without it (set it to False to '
+          'leave this note out).', file=sys.stderr, flush=True)
 
 
 # --- Modes: each a short function of (config, workdir) over the config's task. ---
