@@ -134,6 +134,15 @@ def test_folder_of_other_image_types_says_to_convert_them(tmp_path):
     images.build(data_config(dataset=str(tmp_path)), process_index=0, process_count=1)
 
 
+def test_a_folder_of_one_class_is_a_clear_error(tmp_path):
+  # It trained to 100% accuracy and a loss of 0 at its first step.
+  for split in ('train', 'test'):
+    _write(f'{tmp_path}/{split}/cat/a.png', _png(np.zeros((4, 4, 3), np.uint8)))
+  with pytest.raises(ValueError, match=r"^Train folder '.*train' has one class folder, 'cat': a "
+                                       r'classifier needs two or more\. Expected the layout '):
+    images.build(data_config(dataset=str(tmp_path)), process_index=0, process_count=1)
+
+
 def test_folder_without_test_split_is_a_clear_error(tmp_path):
   _write(f'{tmp_path}/train/cat/a.png', _png(np.zeros((4, 4, 3), np.uint8)))
   with pytest.raises(ValueError, match=r"has no 'test' subdirectory"):

@@ -296,6 +296,10 @@ def load_folder(config: ml_collections.ConfigDict, process_index: int,
     if key == 'train_split' and empty:  # Each would be a class the model is asked to learn.
       raise errors.ConfigError(f'Train folder {split_dir!r} has class folders with no images: '
                                f'{empty}; remove them, or put their images in.')
+    if key == 'train_split' and len(class_names) == 1:  # 100% accuracy, loss 0, from step 1.
+      raise errors.ConfigError(
+          f'Train folder {split_dir!r} has one class folder, {class_names[0]!r}: a classifier '
+          f'needs two or more. Expected the layout {_FOLDER_LAYOUT}, a folder per class.')
     paths, labels, skipped = _drop_non_images(paths, labels)
     if skipped:
       skipped_files.extend(skipped)
