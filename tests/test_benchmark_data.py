@@ -55,7 +55,7 @@ def test_data_mode_mistakes_are_named(tmp_path):
   result = _benchmark('--images', str(tmp_path))
   assert result.returncode == 1
   assert result.stderr.strip().splitlines()[-1].startswith(
-      f'error: --images {tmp_path}: expected a folder DIR/train/<class>/*.jpg')
+      f'error: --images {tmp_path}: expected a folder DIR/train/<class>/*.{{jpg,jpeg,png}}')
   with pytest.raises(SystemExit):
     cli.parse_args(['--mode', 'data', '--variants', 'crop+flip,sharpen'])
   with pytest.raises(SystemExit):

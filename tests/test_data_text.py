@@ -335,8 +335,9 @@ def test_files_empty_lines_are_skipped_and_counted(tmp_path, capsys):
   assert dataset.num_train_examples == 5 and dataset.local_num_train_examples == 2
   assert dataset.num_empty == {'train': 3, 'test': 0}
   # A plain line (absl's 'W1205 04:03:20.99 1399 packing.py:53]' prefix before).
+  said = capsys.readouterr().out.splitlines()
   assert (f'Skipped 3 of 5 examples of the train_files ({tmp_path}/train.de, {tmp_path}/train.en) '
-          'whose source or target is empty (lines 2, 4, 5).') in capsys.readouterr().out.splitlines()
+          'whose source or target is empty (lines 2, 4, 5).') in said
   batch = next(dataset.train_batches(batch_size=2))
   assert [dataset.tokenizer.decode(r) for r in batch['targets']] == ['A B', 'C D']
 

@@ -166,8 +166,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--decode-length', type=int, default=64,
                       help='seq2seq: tokens generated per greedy decode')
   parser.add_argument('--vocab-size', type=int, default=32000, help='seq2seq: vocabulary size')
-  parser.add_argument('--images', help='data: an image folder DIR/train/<class>/*.jpg to read '
-                      '(default: JPEGs of ImageNet size written for the run)')
+  parser.add_argument('--images', help='data: an image folder DIR/train/<class>/*.{jpg,jpeg,png} '
+                      'to read (default: JPEGs of ImageNet size written for the run)')
   parser.add_argument('--num-images', type=int, default=256,
                       help='data: JPEG files to write when --images is not given')
   parser.add_argument('--variants', type=lambda text: text.split(','),
@@ -268,7 +268,8 @@ def _run(args: argparse.Namespace) -> tuple[dict, str, str]:
     report = data_input.benchmark_data(args)
     text = report_lib.format_data(report)
     title = (f'train input | {args.resolution}px | batch {args.batch} | {report["num_files"]} '
-             f'{report["file_formats"]} files, {report["mean_file_kb"]:.0f} KB on average | inception crop, flip')
+             f'{report["file_formats"]} files, {report["mean_file_kb"]:.0f} KB on average | '
+             'inception crop, flip')
   elif args.mode == 'seq2seq':
     if args.profile:
       report = benchmark_seq2seq_profile(args)

@@ -6,8 +6,8 @@ RandAugment, mixup, both, or random erasing. Each is measured once in a fresh pr
 one core (images/s per core: TensorFlow sizes its thread pools to the cores it may use), and
 once in this process on all cores. Last, the first batch is timed when resuming at steps 0 to
 1,000,000: the stream starts where it stopped, without reading what came before. The folder is
-`--images DIR` (DIR/train/<class>/*.jpg), or JPEGs written for the run at ImageNet's typical
-size: 500x375 and 375x500, about 100 KB each.
+`--images DIR` (DIR/train/<class>/*.{jpg,jpeg,png}), or JPEGs written for the run at ImageNet's
+typical size: 500x375 and 375x500, about 100 KB each.
 """
 
 import json
@@ -107,7 +107,8 @@ def benchmark_data(args) -> dict:
       folder = os.path.expanduser(args.images)
       if not os.path.isdir(os.path.join(folder, 'train')):
         raise errors.ConfigError(f'--images {args.images}: expected a folder DIR/train/<class>/'
-                                 '*.jpg (and DIR/test/...), as config.data.dataset takes.')
+                                 '*.{jpg,jpeg,png} (and DIR/test/...), as config.data.dataset '
+                                 'takes.')
     else:
       with progress.phase(f'Writing {args.num_images} JPEG files'):
         folder = write_jpegs(scratch, args.num_images)
