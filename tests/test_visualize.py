@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -226,9 +227,9 @@ def test_figures_show_the_pixels_whatever_the_inputs_statistics(mean, std):
     np.testing.assert_allclose(ax.images[0].get_array(), pixels[0] / 255, atol=1e-5)
 
 
-def test_visualize_image_files_and_missing_checkpoint(tmp_path):
+def test_visualize_image_files_and_missing_checkpoint(tmp_path, capsys, monkeypatch):
   from test_train import tiny_config  # pylint: disable=g-import-not-at-top
-  from vit_jax import main  # pylint: disable=g-import-not-at-top
+  from vit_jax import main, progress  # pylint: disable=g-import-not-at-top
   workdir = str(tmp_path / 'run')
   with pytest.raises(FileNotFoundError, match='No checkpoint in .* Train first'):
     main.run(tiny_config(trainer='visualize'), workdir)
@@ -246,8 +247,14 @@ def test_visualize_image_files_and_missing_checkpoint(tmp_path):
   assert sorted(os.path.basename(p) for p in paths) == [
       'attention_0.png', 'predictions.png', 'training_curves.png']
   assert all(_is_png(p) and p.startswith(output_dir) for p in paths)
-  # Without inputs: the first test digits, with their labels in the titles.
+  # Without inputs: the first test digits, with their labels in the titles. Drawing takes about
+  # half a second a picture: 400 of them worked for minutes without a word.
+  monkeypatch.setattr(progress, 'SLOW_SECONDS', 0.0)
+  capsys.readouterr()
   paths = main.run(tiny_config(trainer='visualize', **{'visualize.num_examples': 2}), workdir)
+  assert re.search(r'^Drawing the attention maps of 2 image\(s\): 2 of 2 images in [\d.]+s\.$',
+                   capsys.readouterr().err, re.M)
+  monkeypatch.undo()
   assert sorted(os.path.relpath(p, workdir) for p in paths) == [
       'visualize/attention_0.png', 'visualize/attention_1.png', 'visualize/predictions.png',
       'visualize/training_curves.png']

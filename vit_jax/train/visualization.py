@@ -26,8 +26,9 @@ def _split_inputs(inputs: str) -> list[str]:
 def _checked_layer(layer: int, num_layers: int) -> int:
   """config.visualize.layer as an index in 0..num_layers-1 (negative: from the last)."""
   if not -num_layers <= layer < num_layers:
+    layers = f'{num_layers} layer{"s" * (num_layers != 1)}'
     raise errors.ConfigError(f'config.visualize.layer={layer} is out of range for a model with '
-                             f'{num_layers} layers (use 0..{num_layers - 1}, or -1 for the last).')
+                             f'{layers} (use 0..{num_layers - 1}, or -1 for the last).')
   return layer % num_layers
 
 
@@ -53,15 +54,18 @@ def _image_attention(config, workdir: str, output_dir: str) -> list[str]:
   class_ids, probs = visualize.top_k(logits, 1)
   stats = {'pixel_mean': config.data.pixel_mean, 'pixel_std': config.data.pixel_std}
   paths = []
-  for i, image in enumerate(inputs):
-    title = f'predicted {names[class_ids[i, 0]]} ({probs[i, 0]:.0%})'
-    if labels is not None:
-      title += f', label {names[labels[i]]}'
-    figure = visualize.plot_attention_maps(image, head_maps[i], rollouts[i], layer, title,
-                                           **stats)
-    paths.append(visualize.save_figure(figure, os.path.join(output_dir, f'attention_{i}.png')))
-  figure = visualize.plot_predictions(inputs, logits, names, labels, **stats)
-  paths.append(visualize.save_figure(figure, os.path.join(output_dir, 'predictions.png')))
+  with progress.phase(f'Drawing the attention maps of {len(inputs)} image(s)', total=len(inputs),
+                      unit='images') as phase:
+    for i, image in enumerate(inputs):
+      title = f'predicted {names[class_ids[i, 0]]} ({probs[i, 0]:.0%})'
+      if labels is not None:
+        title += f', label {names[labels[i]]}'
+      figure = visualize.plot_attention_maps(image, head_maps[i], rollouts[i], layer, title,
+                                             **stats)
+      paths.append(visualize.save_figure(figure, os.path.join(output_dir, f'attention_{i}.png')))
+      phase.advance()
+    figure = visualize.plot_predictions(inputs, logits, names, labels, **stats)
+    paths.append(visualize.save_figure(figure, os.path.join(output_dir, 'predictions.png')))
   return paths
 
 
@@ -78,15 +82,18 @@ def _cross_attention(config, workdir: str, output_dir: str) -> list[str]:
   weights = visualize.cross_attention(model, params, inputs, outputs)  # (L, B, N, T, S)
   layer = _checked_layer(config.visualize.layer, weights.shape[0])
   paths = []
-  for i, sentence in enumerate(sentences):
-    source = visualize.token_labels(tokenizer, inputs[i])
-    output = visualize.token_labels(tokenizer, outputs[i])
-    heat = weights[layer, i].mean(axis=0)[:len(output), :len(source)]  # Mean over heads.
-    title = (f'{sentence!r} -> {tokenizer.decode([int(t) for t in outputs[i]])!r}\n'
-             f'decoder layer {layer}, mean over heads')
-    figure = visualize.plot_cross_attention(heat, source, output, title)
-    paths.append(visualize.save_figure(figure,
-                                       os.path.join(output_dir, f'cross_attention_{i}.png')))
+  with progress.phase(f'Drawing the cross-attention of {len(sentences)} sentence(s)',
+                      total=len(sentences), unit='sentences') as phase:
+    for i, sentence in enumerate(sentences):
+      source = visualize.token_labels(tokenizer, inputs[i])
+      output = visualize.token_labels(tokenizer, outputs[i])
+      heat = weights[layer, i].mean(axis=0)[:len(output), :len(source)]  # Mean over heads.
+      title = (f'{sentence!r} -> {tokenizer.decode([int(t) for t in outputs[i]])!r}\n'
+               f'decoder layer {layer}, mean over heads')
+      figure = visualize.plot_cross_attention(heat, source, output, title)
+      paths.append(visualize.save_figure(figure,
+                                         os.path.join(output_dir, f'cross_attention_{i}.png')))
+      phase.advance()
   return paths
 
 
