@@ -70,6 +70,12 @@ CASES = {
     'config argument': (['--config=configs/vit.py:ViT-B_16', '--workdir={root}/new'],
                         r'expected MODEL,DATASET after the .:., e\.g\. '
                         r'--config=configs/vit\.py:ViT-B_16,cifar10'),
+    # A traceback of ml_collections' before: "get_config() takes 0 positional arguments".
+    'argument to a config without one': (
+        ['--config=configs/transformer_dates.py:big', '--workdir={root}/new'],
+        r"--config=configs/transformer_dates\.py:big: configs/transformer_dates\.py takes no "
+        r"argument after the ':'; give --config=configs/transformer_dates\.py, then "
+        r'--config\.FIELD=VALUE to change its fields\.'),
     'model of the other task': ([DIGITS, '--workdir={root}/new',
                                  '--config.model.name=Transformer-base'],
                                 r'--config\.model\.name=Transformer-base is a Transformer model, '

@@ -7,6 +7,7 @@ matches of a misspelt field included) and exit with status 2. Anything else rais
 while a config file runs is a bug in it and keeps its traceback.
 """
 
+import ast
 import difflib
 import os
 import sys
@@ -168,6 +169,22 @@ def _check_config_file(argv: list[str]):
     listing = (f' {folder} has {", ".join(known)}.' if known else
                ' Run from the repository root (configs/ is there), or give the path.')
     raise errors.ConfigError(f'--config={spec}: the config file {path} does not exist.{listing}')
+  if ':' in spec and not _takes_an_argument(path):
+    raise errors.ConfigError(f'--config={spec}: {path} takes no argument after the \':\'; give '
+                             f'--config={path}, then --config.FIELD=VALUE to change its fields.')
+
+
+def _takes_an_argument(path: str) -> bool:
+  """Whether the config file's get_config has a parameter (True when that cannot be told)."""
+  try:
+    with open(path, encoding='utf-8') as f:
+      tree = ast.parse(f.read())
+  except (OSError, SyntaxError, ValueError):
+    return True  # Its loading will say what is wrong with it.
+  for node in tree.body:
+    if isinstance(node, ast.FunctionDef) and node.name == 'get_config':
+      return bool(node.args.args or node.args.vararg)
+  return True
 
 
 # The config's tuples of names; all its other tuples hold numbers.
