@@ -3,7 +3,12 @@
 TensorFlow Datasets is imported inside each function, so importing this module is cheap.
 """
 
+import contextlib
 import difflib
+import logging
+import socket
+import urllib.parse
+import urllib.request
 from typing import Callable
 
 import ml_collections
@@ -33,6 +38,24 @@ def find_builder(name: str, data_dir: str | None,
     raise unknown_error(e) from None
 
 
+class _VariantFolderFilter(logging.Filter):
+  """Drops TFDS's 'Variant folder DIR has no dataset_info.json': an unprepared dataset's
+  version folder, which `prepare` explains or prepares."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith('Variant folder ')
+
+
+@contextlib.contextmanager
+def _no_variant_folder_warnings():
+  logger, variant_filter = logging.getLogger('absl'), _VariantFolderFilter()
+  logger.addFilter(variant_filter)
+  try:
+    yield
+  finally:
+    logger.removeFilter(variant_filter)
+
+
 def split_size(builder, split) -> int:
   """Number of examples in a TFDS split string / sub-split, from metadata when it has it."""
   if builder.info.splits:  # Empty under tfds.testing.mock_data: fall back to counting.
@@ -49,8 +72,9 @@ def split_size(builder, split) -> int:
 
 def prepare(builder, name: str, config: ml_collections.ConfigDict, tfds):
   """Runs download_and_prepare if needed, or explains how to prepare the dataset elsewhere."""
-  if builder.is_prepared():
-    return
+  with _no_variant_folder_warnings():
+    if builder.is_prepared():
+      return
   how = (f'Prepare it where there is network access (`tfds build {name} --data_dir=DIR`; '
          'manual datasets such as imagenet2012 need their archives in --manual_dir first), copy '
          'DIR to this machine and set config.data.tfds_data_dir=DIR.')
@@ -58,19 +82,59 @@ def prepare(builder, name: str, config: ml_collections.ConfigDict, tfds):
   if not config.tfds_download:
     raise errors.DataUnavailableError(f'TFDS dataset {name!r} is not prepared in {where} and '
                                       f'config.data.tfds_download is False. {how}')
+  # Where no download host resolves (offline), each retry fails the same way for minutes: none
+  # are made. A dataset read from a manual folder may still prepare without the network.
+  unreachable = _unresolvable_hosts(builder)
+  retries = 0 if unreachable else config.tfds_download_retries
   # TFDS's downloader reads its retry count from this module constant at each download.
   from tensorflow_datasets.core.download import downloader  # pylint: disable=g-import-not-at-top
-  default_retries, downloader.MAX_RETRIES = downloader.MAX_RETRIES, config.tfds_download_retries
+  default_retries, downloader.MAX_RETRIES = downloader.MAX_RETRIES, retries
   try:
+    if unreachable:
+      when_failing = 'its download hosts do not resolve here, so a failing download is not retried'
+    else:
+      when_failing = (f'a failing download is retried {retries} times with growing waits, about '
+                      '3.5 minutes for 10, before the error: config.data.tfds_download_retries')
     with progress.phase(f'Preparing TFDS dataset {name} in {builder.data_dir} (download and '
-                        'convert; this happens once; a failing download is retried '
-                        f'{config.tfds_download_retries} times with growing waits, about 3.5 '
-                        'minutes for 10, before the error: config.data.tfds_download_retries)'):
+                        f'convert; this happens once; {when_failing})'):
       builder.download_and_prepare(
           download_config=tfds.download.DownloadConfig(manual_dir=config.tfds_manual_dir))
-  except Exception as e:  # Offline, missing manual files, ...: all end here.
+  except OSError as e:  # requests' ConnectionError is one.
+    if not unreachable:
+      raise _preparing_failed(name, where, how, e) from e
     raise errors.DataUnavailableError(
-        f'TFDS dataset {name!r} is not prepared in {where}, and preparing it failed '
-        f'({type(e).__name__}: {e}). {how}') from e
+        f'TFDS dataset {name!r} is not prepared in {where}, and it cannot be downloaded here: '
+        f'{_none_resolves(unreachable)} (no network?). {how}') from e
+  except Exception as e:  # Missing manual files, a corrupt download, ...: all end here.
+    raise _preparing_failed(name, where, how, e) from e
   finally:
     downloader.MAX_RETRIES = default_retries
+
+
+def _preparing_failed(name: str, where: str, how: str, e: Exception) -> Exception:
+  return errors.DataUnavailableError(f'TFDS dataset {name!r} is not prepared in {where}, and '
+                                     f'preparing it failed ({type(e).__name__}: {e}). {how}')
+
+
+def _unresolvable_hosts(builder) -> list[str]:
+  """The download hosts of `builder`, sorted, where none of them resolves; else [].
+
+  Not checked behind a proxy, which resolves the names itself.
+  """
+  if urllib.request.getproxies():
+    return []
+  urls = getattr(builder, 'url_infos', None) or {}
+  hosts = sorted({urllib.parse.urlsplit(url).hostname for url in urls} - {None})
+  for host in hosts:
+    try:
+      socket.getaddrinfo(host, None)
+      return []
+    except (socket.gaierror, UnicodeError):
+      continue
+  return hosts
+
+
+def _none_resolves(hosts: list[str]) -> str:
+  if len(hosts) == 1:
+    return f'the name of its download host {hosts[0]} does not resolve'
+  return f'none of the names of its download hosts ({", ".join(hosts)}) resolves'
