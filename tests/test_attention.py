@@ -2,6 +2,7 @@
 'auto', masks, order blindness."""
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -194,10 +195,14 @@ def test_encoder_pads_once_for_a_kernel_that_wants_even_lengths(monkeypatch, ker
   assert set(seen) == expected
   np.testing.assert_allclose(padded_logits, plain_logits, atol=1e-5, rtol=0)
   np.testing.assert_allclose(padded_loss, plain_loss, rtol=1e-6)
-  # Padding changes the matrices' shapes, so the kernels sum in another order: gradients as
-  # large as 40 then differ in their last float32 bits (a few parts in 1e7).
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5, rtol=2e-6),
-               padded_grads, plain_grads)
+  # Padding changes the matrices' shapes, so the kernels sum in another order, which differs
+  # with the CPU's vector width: the gradient as a whole differs in its last float32 bits (about
+  # 1e-6 of its norm; single elements by more, the key biases' analytically zero gradients are
+  # all rounding). A padded key that leaked into the softmax moves it by several percent.
+  padded_flat, plain_flat = (jax.flatten_util.ravel_pytree(g)[0] for g in (padded_grads,
+                                                                           plain_grads))
+  difference = np.linalg.norm(padded_flat - plain_flat) / np.linalg.norm(plain_flat)
+  assert difference < 1e-5, difference
 
 
 def test_key_padding_is_a_mask_of_the_real_keys_on_every_path():
