@@ -2,17 +2,20 @@
 local. TensorFlow's in-memory `ram://` filesystem stands in for gs:// and s3:// (it needs no
 network, and lives as long as the process, so the runs share this test's process)."""
 
+import http.server
 import io
 import json
+import subprocess
+import threading
 import uuid
 
 import jax
 import numpy as np
 import pytest
 from PIL import Image
-from helpers import override
+from helpers import REPO, digits_command, override, user_error
 
-from vit_jax import files, main, models, run_metrics, weights
+from vit_jax import errors, files, main, models, run_metrics, weights
 from vit_jax.data import sources
 from vit_jax.train import config as config_lib
 
@@ -97,3 +100,63 @@ def test_files_round_trip_on_both_kinds_of_path(ram, tmp_path):
     assert not files.exists(files.join(root, 'copy'))
     with pytest.raises(FileNotFoundError, match='missing.txt does not exist'):
       files.read_bytes(files.join(root, 'missing.txt'))
+
+
+@pytest.fixture(name='web')
+def web_fixture():
+  """http://127.0.0.1:PORT/NAME serving `served[NAME]`; other names get HTTP 404, and 'broken'
+  HTTP 500."""
+  served = {}
+
+  class Handler(http.server.BaseHTTPRequestHandler):
+
+    def do_GET(self):  # pylint: disable=invalid-name
+      name = self.path.lstrip('/')
+      code = 200 if name in served else 500 if name == 'broken' else 404
+      body = served.get(name, b'')
+      self.send_response(code)
+      self.send_header('Content-Length', str(len(body)))
+      self.end_headers()
+      self.wfile.write(body)
+
+    def log_message(self, *args):
+      del args
+
+  server = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+  thread = threading.Thread(target=server.serve_forever, daemon=True)
+  thread.start()
+  yield f'http://127.0.0.1:{server.server_address[1]}', served
+  server.shutdown()
+  server.server_close()
+
+
+def test_http_files_read_or_say_why_not(web):
+  url, served = web
+  served['ViT.npz'] = b'weights'
+  assert files.read_bytes(f'{url}/ViT.npz') == b'weights'
+  with pytest.raises(FileNotFoundError, match=r'missing.npz does not exist \(HTTP 404\)'):
+    files.read_bytes(f'{url}/missing.npz')
+  with pytest.raises(errors.DataUnavailableError, match=r'Cannot read .*/broken: HTTP 500'):
+    files.read_bytes(f'{url}/broken')
+
+
+def test_a_scheme_tensorflow_has_no_filesystem_for_says_so(ram):
+  with pytest.raises(errors.ConfigError) as error:
+    files.read_bytes('gz://vit_models/ViT-B_16.npz')  # A typo of gs://.
+  assert str(error.value).startswith('Cannot read gz://vit_models/ViT-B_16.npz: TensorFlow '
+                                     '(tf.io.gfile) has no filesystem for gz:// here')
+  assert 'tensorflow-io' in str(error.value)
+  # config.pretrained: named as given (not as PATH/config.json, which is how a workdir is told).
+  with pytest.raises(errors.ConfigError, match=r'^Cannot read gz://vit_models/ViT-B_16.npz:'):
+    main.run(tiny_config(pretrained='gz://vit_models/ViT-B_16.npz'), f'{ram}/run')
+
+
+def test_pretrained_weights_at_an_unreachable_url_are_one_line(tmp_path):
+  # Port 9 (discard) is closed: a refused connection, as offline.
+  out = subprocess.run(digits_command(tmp_path / 'run', 2,
+                                      '--config.pretrained=http://127.0.0.1:9/ViT-B_16.npz'),
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+  assert out.returncode != 0
+  error = user_error(out.stderr)
+  assert error.startswith('error: Cannot reach http://127.0.0.1:9/ViT-B_16.npz: '), error
+  assert 'Connection refused. Check the network connection' in error

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 from vit_jax import errors
 
 _WEB = ('http://', 'https://')
+_WEB_TIMEOUT_S = 60  # Seconds without a byte before an http(s) read gives up.
 
 
 def is_remote(path: str | os.PathLike) -> bool:
@@ -43,6 +44,12 @@ def _reaching(path: str):
       raise
     if type(e).__name__ == 'NotFoundError':
       raise errors.MissingFileError(f'{path} does not exist.') from None
+    if type(e).__name__ == 'UnimplementedError':  # "File system scheme 's3' not implemented".
+      scheme = os.fspath(path).split('://')[0]
+      raise errors.ConfigError(
+          f'Cannot read {path}: TensorFlow (tf.io.gfile) has no filesystem for {scheme}:// here '
+          '(it has gs:// and ram://; tensorflow-io adds s3://, hdfs:// and others): install '
+          'tensorflow-io, or copy the file to a local path.') from None
     message = ' '.join(getattr(e, 'message', str(e)).split())
     raise errors.DataUnavailableError(
         f'Cannot reach {path}: {message}. Check the network connection and the credentials '
@@ -144,12 +151,18 @@ def read_bytes(path: str) -> bytes:
     import urllib.error  # pylint: disable=g-import-not-at-top
     import urllib.request  # pylint: disable=g-import-not-at-top
     try:
-      with urllib.request.urlopen(path) as response:
+      with urllib.request.urlopen(path, timeout=_WEB_TIMEOUT_S) as response:
         return response.read()
     except urllib.error.HTTPError as e:
       if e.code == 404:
         raise errors.MissingFileError(f'{path} does not exist (HTTP 404).') from None
-      raise
+      raise errors.DataUnavailableError(f'Cannot read {path}: HTTP {e.code} {e.reason}. Check '
+                                        'the URL, or copy the file to a local path.') from None
+    except OSError as e:  # URLError (no network, refused), a timeout, a dropped connection.
+      reason = e.reason if isinstance(e, urllib.error.URLError) else e
+      raise errors.DataUnavailableError(
+          f'Cannot reach {path}: {reason}. Check the network connection (and https_proxy where '
+          'one is needed), or copy the file to a local path.') from None
   if not exists(path):
     raise errors.MissingFileError(f'{path} does not exist.')
   with _reaching(path), open_file(path, 'rb') as f:

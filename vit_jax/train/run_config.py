@@ -41,14 +41,16 @@ def note_other_pixel_statistics(config: ml_collections.ConfigDict, workdir: str 
                                 role: str = '--workdir'):
   """A note on stderr when the run in `workdir` (the --workdir, or config.pretrained) normalized
   its images otherwise than `config` does, which costs a model accuracy without an error."""
-  if not workdir or config.task != 'classification' or not files.exists(config_path(workdir)):
+  if not workdir or config.task != 'classification':
     return
   try:
+    if not files.exists(config_path(workdir)):
+      return  # E.g. a published .npz as config.pretrained.
     saved = load_config(workdir).data
     mean, std = tuple(saved.pixel_mean), tuple(saved.pixel_std)
     theirs = normalization.affine(mean, std, config.data.channels)
   except errors.UserError:
-    return  # The mode that reads the file says what is wrong with it.
+    return  # The mode that reads the files (unreachable, unreadable) says what is wrong.
   ours = normalization.of_config(config.data)
   if all(np.array_equal(a, b) for a, b in zip(ours, theirs)):
     return

@@ -30,8 +30,9 @@ def load_npz(path: str | os.PathLike) -> dict[str, Any]:
   path = os.fspath(path)
   if not files.is_remote(path) and not os.path.exists(path):
     raise errors.MissingFileError(f'Checkpoint {path} does not exist.')
+  # A remote file that cannot be reached says so itself (files.read_bytes).
+  source = io.BytesIO(files.read_bytes(path)) if files.is_remote(path) else path
   try:
-    source = io.BytesIO(files.read_bytes(path)) if files.is_remote(path) else path
     archive = np.load(source, allow_pickle=False)
     if not isinstance(archive, np.lib.npyio.NpzFile):
       raise ValueError('it holds a single array (.npy), not named arrays')
@@ -93,9 +94,10 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
   path = os.fspath(path)
   if not files.is_remote(path) and not os.path.isfile(path):
     raise errors.MissingFileError(f'Checkpoint {path} does not exist.')
+  remote_bytes = files.read_bytes(path) if files.is_remote(path) else None
   try:
-    if files.is_remote(path):
-      return safetensors.numpy.load(files.read_bytes(path))
+    if remote_bytes is not None:
+      return safetensors.numpy.load(remote_bytes)
     return safetensors.numpy.load_file(path)
   except Exception as e:  # safetensors raises its own SafetensorError.
     raise errors.BadFileError(f'Cannot read checkpoint {path}: {type(e).__name__}: {e}. The file '
