@@ -6,6 +6,7 @@ import http.server
 import io
 import json
 import subprocess
+import sys
 import threading
 import uuid
 
@@ -13,7 +14,7 @@ import jax
 import numpy as np
 import pytest
 from PIL import Image
-from helpers import REPO, digits_command, override, user_error
+from helpers import NATIVE_WARNING, REPO, digits_command, override, user_error
 
 from vit_jax import errors, files, main, models, run_metrics, weights
 from vit_jax.data import sources
@@ -160,3 +161,18 @@ def test_pretrained_weights_at_an_unreachable_url_are_one_line(tmp_path):
   error = user_error(out.stderr)
   assert error.startswith('error: Cannot reach http://127.0.0.1:9/ViT-B_16.npz: '), error
   assert 'Connection refused. Check the network connection' in error
+
+
+def test_a_public_bucket_without_credentials_prints_no_native_warning():
+  """TensorFlow's 'All attempts to get a Google authentication bearer token failed' (C++, at
+  the first gs:// request without credentials, which gs://vit_models needs none of)."""
+  script = ('from vit_jax import errors, files\n'
+            'try:\n'
+            "  print(files.exists('gs://vit_models/imagenet21k/no-such-file.npz'))\n"
+            'except errors.DataUnavailableError as e:  # Offline.\n'
+            "  print('unreachable')\n")
+  out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr
+  assert out.stdout.strip() in ('False', 'unreachable'), out.stdout
+  assert not NATIVE_WARNING.search(out.stderr), out.stderr

@@ -8,7 +8,9 @@ use the os module. http(s) URLs can be read, not written.
 import contextlib
 import glob as local_glob
 import os
+import re
 import shutil
+import sys
 import tempfile
 import uuid
 from typing import Callable, Iterator
@@ -34,9 +36,37 @@ def _gfile():
   return tf.io.gfile
 
 
+# TensorFlow's GCS filesystem logs this C++ warning at its first request without credentials,
+# which public buckets (gs://vit_models) need none of; a private bucket's access error says it.
+_NO_CREDENTIALS = re.compile(r'[WE]\d{4} [\d:. ]+\d+ google_auth_provider\.cc:\d+\] All attempts '
+                             'to get a Google authentication bearer token failed')
+_gcs_used = False
+
+
 @contextlib.contextmanager
 def _reaching(path: str):
   """Turns a remote filesystem's failure (no network, no access) into a one-line error."""
+  global _gcs_used
+  first_gcs_request = os.fspath(path).startswith('gs://') and not _gcs_used
+  _gcs_used = _gcs_used or first_gcs_request
+  with _without_credentials_warning() if first_gcs_request else contextlib.nullcontext():
+    with _one_line_errors(path):
+      yield
+
+
+@contextlib.contextmanager
+def _without_credentials_warning():
+  from vit_jax.data import tf_cpu  # pylint: disable=g-import-not-at-top
+  lines = []
+  try:
+    with tf_cpu.stderr_captured() as lines:
+      yield
+  finally:
+    sys.stderr.write(''.join(line for line in lines if not _NO_CREDENTIALS.match(line)))
+
+
+@contextlib.contextmanager
+def _one_line_errors(path: str):
   try:
     yield
   except Exception as e:  # pylint: disable=broad-except  # tf.errors.OpError and kin.
