@@ -14,7 +14,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import REPO, digits_command, final_eval, user_error
+from helpers import REPO, digits_command, final_eval, tmpfs_runner, user_error
 
 # Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
 pytestmark = pytest.mark.xdist_group('checkpointing')
@@ -156,17 +156,8 @@ def test_a_config_that_cannot_resume_leaves_the_saved_one(finished, tmp_path):
   assert out.returncode == 0 and 'eval of step 8:' in out.stdout, out.stdout + out.stderr
 
 
-def _tmpfs_runner():
-  """A command prefix that runs a shell script with its own tmpfs mounts, or None."""
-  if shutil.which('unshare') is None:
-    return None
-  probe = subprocess.run(['unshare', '-rm', 'sh', '-c', 'mount -t tmpfs -o size=1m none /mnt'],
-                         capture_output=True)
-  return ['unshare', '-rm', 'sh', '-c'] if probe.returncode == 0 else None
-
-
 def test_a_full_disk_stops_in_one_line_and_the_rerun_finishes(finished, tmp_path):
-  runner = _tmpfs_runner()
+  runner = tmpfs_runner()
   if runner is None:
     pytest.skip('cannot mount a tmpfs here (unshare -rm)')
   reference_dir, reference = finished

@@ -2,9 +2,12 @@
 local. TensorFlow's in-memory `ram://` filesystem stands in for gs:// and s3:// (it needs no
 network, and lives as long as the process, so the runs share this test's process)."""
 
+import errno
 import http.server
 import io
 import json
+import os
+import re
 import subprocess
 import sys
 import threading
@@ -14,7 +17,7 @@ import jax
 import numpy as np
 import pytest
 from PIL import Image
-from helpers import NATIVE_WARNING, REPO, digits_command, override, user_error
+from helpers import NATIVE_WARNING, REPO, digits_command, override, tmpfs_runner, user_error
 
 from vit_jax import errors, files, main, models, run_metrics, weights
 from vit_jax.data import sources
@@ -176,3 +179,50 @@ def test_a_public_bucket_without_credentials_prints_no_native_warning():
   assert out.returncode == 0, out.stderr
   assert out.stdout.strip() in ('False', 'unreachable'), out.stdout
   assert not NATIVE_WARNING.search(out.stderr), out.stderr
+
+
+def test_an_output_that_does_not_fit_leaves_the_old_file_and_says_so(tmp_path):
+  path = tmp_path / 'attention_0.png'
+  path.write_bytes(b'the last complete picture')
+
+  def write_until_full(tmp):
+    with open(tmp, 'wb') as f:
+      f.write(b'half a pic')
+    raise OSError(errno.ENOSPC, 'No space left on device')
+
+  with pytest.raises(errors.DiskFullError) as error:
+    files.write_atomically(str(path), write_until_full)
+  assert str(error.value).startswith(f'No space to write {path} (No space left on device, ')
+  assert 'MiB free in' in str(error.value) and 'write elsewhere' in str(error.value)
+  assert path.read_bytes() == b'the last complete picture'
+  assert os.listdir(tmp_path) == ['attention_0.png']  # The partial file is gone.
+
+
+def test_a_full_disk_is_one_line_for_pictures_and_metrics(tmp_path):
+  """trainer=visualize's PNGs and a run's metrics.jsonl on a disk that fills: one line naming
+  the file (a traceback before), no partial picture left."""
+  runner = tmpfs_runner()
+  if runner is None:
+    pytest.skip('cannot mount a tmpfs here (unshare -rm)')
+  disk, trained = tmp_path / 'disk', tmp_path / 'trained'
+  disk.mkdir()
+  visualize = ' '.join([sys.executable, '-m', 'vit_jax.main', f'--workdir={trained}',
+                        '--config.trainer=visualize', f'--config.visualize.output_dir={disk}/vis'])
+  train = ' '.join(digits_command(disk / 'run', 20, '--config.checkpoint_every=0'))
+  script = f'''
+cd {REPO}
+{' '.join(digits_command(trained, 2))} > /dev/null 2>&1 || exit 3
+mount -t tmpfs -o size=64k none {disk}
+head -c 61440 /dev/zero > {disk}/fill
+{visualize} > /dev/null 2> {tmp_path}/visualize.err
+{train} > /dev/null 2> {tmp_path}/train.err
+ls -A {disk}/vis > {tmp_path}/vis.ls
+'''
+  subprocess.run([*runner, script], check=True, timeout=600, env={**os.environ})
+  visualize_error = user_error((tmp_path / 'visualize.err').read_text())
+  assert visualize_error.startswith(f'error: No space to write {disk}/vis/attention_0.png (No '
+                                    'space left on device, '), visualize_error
+  assert (tmp_path / 'vis.ls').read_text() == ''
+  train_error = user_error((tmp_path / 'train.err').read_text())
+  assert re.match(rf'error: No space to write {disk}/run/\S+ \(No space left on device, [\d.]+ '
+                  r'MiB free in ', train_error), train_error

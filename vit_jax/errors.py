@@ -33,3 +33,7 @@ class MissingPackageError(UserError, ImportError):
 
 class OutOfMemoryError(UserError, MemoryError):
   """The device ran out of memory with these settings; the message names the ones to lower."""
+
+
+class DiskFullError(UserError, OSError):
+  """An output did not fit on its disk; the message names it and what is free."""

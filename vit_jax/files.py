@@ -6,6 +6,7 @@ use the os module. http(s) URLs can be read, not written.
 """
 
 import contextlib
+import errno
 import glob as local_glob
 import os
 import re
@@ -250,9 +251,11 @@ def write_atomically(path: str, write: Callable[[str], None], *,
       os.fsync(f.fileno())
     os.chmod(tmp, 0o644)  # mkstemp makes it owner-only.
     os.replace(tmp, path)
-  except BaseException:
+  except BaseException as error:
     with contextlib.suppress(FileNotFoundError):
       os.unlink(tmp)
+    if is_disk_full(error):
+      raise disk_full(path, error) from None
     raise
 
 
@@ -304,6 +307,24 @@ def cannot_write(path: str, error: OSError) -> errors.ConfigError:
   reason = 'not a directory' if isinstance(error, FileExistsError) else error.strerror or error
   return errors.ConfigError(f'Cannot write {path}: {reason}{where}; choose a path in a '
                             'directory you can write to.')
+
+
+def is_disk_full(error: BaseException) -> bool:
+  """True for a write that failed for want of space (a full disk, a quota, a size limit)."""
+  return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def disk_full(path: str | None, error: OSError) -> errors.DiskFullError:
+  """The one-line error for an output that did not fit (`path` None where it is not known)."""
+  what, free = 'the output', ''
+  if path:
+    what = str(path)
+    with contextlib.suppress(OSError):
+      directory = os.path.dirname(os.path.abspath(path))
+      free = f', {shutil.disk_usage(directory).free / 2**20:,.1f} MiB free in {directory}'
+  return errors.DiskFullError(f'No space to write {what} ({error.strerror or error}{free}): '
+                              'free some space or write elsewhere, then run the same command '
+                              'again.')
 
 
 def check_can_make_dir(path: str, output: str | None = None):

@@ -179,6 +179,11 @@ def _main_with_errors(argv):
   except errors.UserError as error:
     print(f'error: {" ".join(str(error).split())}', file=sys.stderr)
     sys.exit(1)
+  except OSError as error:  # A full disk where no write site named the file.
+    if not files.is_disk_full(error):
+      raise
+    print(f'error: {files.disk_full(error.filename, error)}', file=sys.stderr)
+    sys.exit(1)
   except preemption.Stopped as stopped:
     print(str(stopped), file=sys.stderr)
     sys.exit(stopped.exit_code)

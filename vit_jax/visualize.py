@@ -19,7 +19,7 @@ import jax
 import numpy as np
 from flax import traverse_util
 
-from vit_jax import errors, run_metrics
+from vit_jax import errors, files, run_metrics
 from vit_jax.data import normalization
 from vit_jax.models.vit import PREFIX_TOKENS
 
@@ -355,11 +355,14 @@ def plot_training_curves(path: str, title: str = ''):
 
 
 def save_figure(figure, path: str, dpi: int = 120) -> str:
-  """Writes `figure` as a PNG (creating the directory), closes it and returns `path`."""
+  """Writes `figure` as a PNG (creating the directory, replacing `path` only once it is whole),
+  closes it and returns `path`."""
   plt = _pyplot()
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  figure.savefig(path, dpi=dpi, bbox_inches='tight')
-  plt.close(figure)
+  try:
+    files.write_atomically(path, lambda tmp: figure.savefig(tmp, format='png', dpi=dpi,
+                                                            bbox_inches='tight'))
+  finally:
+    plt.close(figure)
   return path
 
 

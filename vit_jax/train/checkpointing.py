@@ -14,7 +14,6 @@ tf.io.gfile reaches (s3://, hdfs://, ram://, ...): there orbax works on a local 
 and each completed save is uploaded (`checkpoint_mirror`).
 """
 
-import errno
 import math
 import os
 import shutil
@@ -239,8 +238,7 @@ class Checkpointer:
   @staticmethod
   def _is_disk_full(error: BaseException) -> bool:
     text = str(error)
-    return (getattr(error, 'errno', None) in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-            or 'No space left' in text or 'RESOURCE_EXHAUSTED' in text
+    return (files.is_disk_full(error) or 'No space left' in text or 'RESOURCE_EXHAUSTED' in text
             or 'File too large' in text)
 
   def _last_size(self) -> int:

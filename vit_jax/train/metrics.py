@@ -1,6 +1,7 @@
 """What a run reports: log lines, TensorBoard event files and WORKDIR/metrics.jsonl (read by
 `vit_jax.run_metrics`)."""
 
+import contextlib
 import json
 import os
 import socket
@@ -20,7 +21,8 @@ class _EventFile:
   def __init__(self, directory: str):
     files.makedirs(directory)
     name = f'events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.0'
-    self._file = files.open_file(files.join(directory, name), 'wb')
+    self.path = files.join(directory, name)
+    self._file = files.open_file(self.path, 'wb')
     self._records = record_writer.RecordWriter(self._file)
     self._write(event_pb2.Event(wall_time=time.time(), file_version='brain.Event:2'))
 
@@ -35,6 +37,16 @@ class _EventFile:
 
   def close(self):
     self._file.close()
+
+
+@contextlib.contextmanager
+def _naming_a_full_disk(path: str):
+  try:
+    yield
+  except OSError as error:
+    if not files.is_disk_full(error):
+      raise
+    raise files.disk_full(path, error) from None
 
 
 class MetricWriter:
@@ -55,9 +67,10 @@ class MetricWriter:
     if not self.enabled:
       return
     scalars = {k: float(v) for k, v in scalars.items()}
-    with files.open_file(self._jsonl_path, 'a') as f:
+    with _naming_a_full_disk(self._jsonl_path), files.open_file(self._jsonl_path, 'a') as f:
       f.write(json.dumps({'step': int(step), 'split': split, **scalars}) + '\n')
-    self._events.scalars(int(step), {f'{split}/{name}': v for name, v in scalars.items()})
+    with _naming_a_full_disk(self._events.path):
+      self._events.scalars(int(step), {f'{split}/{name}': v for name, v in scalars.items()})
 
   def close(self):
     if self._events is not None:
