@@ -198,9 +198,10 @@ def test_an_output_that_does_not_fit_leaves_the_old_file_and_says_so(tmp_path):
   assert os.listdir(tmp_path) == ['attention_0.png']  # The partial file is gone.
 
 
-def test_a_full_disk_is_one_line_for_pictures_and_metrics(tmp_path):
-  """trainer=visualize's PNGs and a run's metrics.jsonl on a disk that fills: one line naming
-  the file (a traceback before), no partial picture left."""
+def test_a_full_disk_is_one_line_for_pictures_metrics_and_exports(tmp_path):
+  """trainer=visualize's PNGs, a run's metrics.jsonl, a converted .safetensors and an exported
+  model on a disk that fills: one line naming the file (tracebacks before), no partial picture
+  left."""
   runner = tmpfs_runner()
   if runner is None:
     pytest.skip('cannot mount a tmpfs here (unshare -rm)')
@@ -217,6 +218,10 @@ head -c 61440 /dev/zero > {disk}/fill
 {visualize} > /dev/null 2> {tmp_path}/visualize.err
 {train} > /dev/null 2> {tmp_path}/train.err
 ls -A {disk}/vis > {tmp_path}/vis.ls
+{sys.executable} -m vit_jax.convert {trained} {disk}/w.safetensors 2> {tmp_path}/convert.err
+{sys.executable} -m vit_jax.export {trained} {disk}/exported --format stablehlo \
+  > /dev/null 2> {tmp_path}/export.err
+exit 0
 '''
   subprocess.run([*runner, script], check=True, timeout=600, env={**os.environ})
   visualize_error = user_error((tmp_path / 'visualize.err').read_text())
@@ -226,3 +231,7 @@ ls -A {disk}/vis > {tmp_path}/vis.ls
   train_error = user_error((tmp_path / 'train.err').read_text())
   assert re.match(rf'error: No space to write {disk}/run/\S+ \(No space left on device, [\d.]+ '
                   r'MiB free in ', train_error), train_error
+  for tool, output in (('convert', 'w.safetensors'), ('export', 'exported')):
+    error = user_error((tmp_path / f'{tool}.err').read_text())
+    assert error.startswith(f'error: No space to write {disk}/{output} ('), error
+    assert 'No space left on device' in error, error

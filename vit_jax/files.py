@@ -300,8 +300,11 @@ def move_tree(source: str, destination: str):
   remove_tree(source)
 
 
-def cannot_write(path: str, error: OSError) -> errors.ConfigError:
-  """The one-line error for an output that the filesystem refuses (no access, not a directory)."""
+def cannot_write(path: str, error: OSError) -> errors.UserError:
+  """The one-line error for an output that the filesystem refuses (no access, not a directory,
+  no space)."""
+  if is_disk_full(error):
+    return disk_full(path, error)
   where = f' ({error.filename})' if error.filename and error.filename != path else ''
   # makedirs meets a file where a directory of the path should be.
   reason = 'not a directory' if isinstance(error, FileExistsError) else error.strerror or error
@@ -311,10 +314,12 @@ def cannot_write(path: str, error: OSError) -> errors.ConfigError:
 
 def is_disk_full(error: BaseException) -> bool:
   """True for a write that failed for want of space (a full disk, a quota, a size limit)."""
-  return isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+  if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    return True
+  return 'No space left on device' in str(error)  # Wrapped by a library (safetensors' I/O).
 
 
-def disk_full(path: str | None, error: OSError) -> errors.DiskFullError:
+def disk_full(path: str | None, error: Exception) -> errors.DiskFullError:
   """The one-line error for an output that did not fit (`path` None where it is not known)."""
   what, free = 'the output', ''
   if path:
@@ -322,7 +327,8 @@ def disk_full(path: str | None, error: OSError) -> errors.DiskFullError:
     with contextlib.suppress(OSError):
       directory = os.path.dirname(os.path.abspath(path))
       free = f', {shutil.disk_usage(directory).free / 2**20:,.1f} MiB free in {directory}'
-  return errors.DiskFullError(f'No space to write {what} ({error.strerror or error}{free}): '
+  reason = getattr(error, 'strerror', None) or error
+  return errors.DiskFullError(f'No space to write {what} ({reason}{free}): '
                               'free some space or write elsewhere, then run the same command '
                               'again.')
 

@@ -4,7 +4,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from vit_jax import errors, runtime
+from vit_jax import errors, files, runtime
 from vit_jax.export import FORMATS, export
 from vit_jax.export.source import DTYPES, Resize
 
@@ -76,6 +76,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The checkpoint readers name the trainer's flag; this program's is --checkpoint-fallback.
     message = str(e).replace('--config.checkpoint_fallback=True', '--checkpoint-fallback')
     print(f'error: {message}', file=sys.stderr)
+    return 1
+  except OSError as e:
+    if not files.is_disk_full(e):
+      raise
+    print(f'error: {files.disk_full(args.out, e)}', file=sys.stderr)
     return 1
   print(f'Wrote {args.out}')
   return 0
