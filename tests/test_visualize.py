@@ -271,6 +271,9 @@ def test_visualize_image_files_and_missing_checkpoint(tmp_path, capsys, monkeypa
     main.run(tiny_config(trainer='visualize', **{'visualize.layer': 5}), workdir)
   with pytest.raises(FileNotFoundError, match="Image file 'nope.png' does not exist"):
     main.run(tiny_config(trainer='visualize', **{'visualize.inputs': 'nope.png'}), workdir)
+  with pytest.raises(ValueError, match=r"visualize.inputs=' \| ' names nothing between its '\|' "
+                     'separators'):  # Not the test examples that '' draws.
+    main.run(tiny_config(trainer='visualize', **{'visualize.inputs': ' | '}), workdir)
   with pytest.raises(ValueError, match=r"Image file '\S+pictures' is a directory; give image "):
     main.run(tiny_config(trainer='visualize', **{'visualize.inputs': output_dir}), workdir)
 

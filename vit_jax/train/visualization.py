@@ -20,7 +20,14 @@ from vit_jax.train import config as train_config, prediction
 
 
 def _split_inputs(inputs: str) -> list[str]:
-  return [item.strip() for item in inputs.split('|') if item.strip()]
+  """config.visualize.inputs as its items; [] for '' (draw test examples)."""
+  items = [item.strip() for item in inputs.split('|') if item.strip()]
+  if inputs.strip() and not items:
+    raise errors.ConfigError(f'config.visualize.inputs={inputs!r} names nothing between its '
+                             "'|' separators: give image files or sentences, e.g. "
+                             "--config.visualize.inputs='cat.jpg|dog.png', or leave it empty "
+                             'to draw test examples.')
+  return items
 
 
 def _checked_layer(layer: int, num_layers: int) -> int:
