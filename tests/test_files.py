@@ -235,3 +235,20 @@ exit 0
     error = user_error((tmp_path / f'{tool}.err').read_text())
     assert error.startswith(f'error: No space to write {disk}/{output} ('), error
     assert 'No space left on device' in error, error
+
+
+def test_image_urls_read_as_the_files_they_serve(web, tmp_path):
+  """config.predict.inputs and config.visualize.inputs may be http(s) URLs (they were 'does not
+  exist' and a TensorFlow traceback)."""
+  from vit_jax.data import images  # pylint: disable=g-import-not-at-top
+  from vit_jax.train import prediction  # pylint: disable=g-import-not-at-top
+  url, served = web
+  png = tmp_path / 'digit.png'
+  Image.fromarray(np.arange(192, dtype=np.uint8).reshape(8, 8, 3)).save(png)
+  served['digit.png'] = png.read_bytes()
+  config = {'image_size': 8}
+  np.testing.assert_array_equal(images.load_files([f'{url}/digit.png'], config),
+                                images.load_files([str(png)], config))
+  with pytest.raises(FileNotFoundError, match=r'missing.png does not exist \(HTTP 404\)'):
+    images.load_files([f'{url}/missing.png'], config)
+  assert prediction.expand_inputs(f'{url}/digit.png,{png}') == [f'{url}/digit.png', str(png)]

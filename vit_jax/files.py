@@ -22,6 +22,11 @@ _WEB = ('http://', 'https://')
 _WEB_TIMEOUT_S = 60  # Seconds without a byte before an http(s) read gives up.
 
 
+def is_web(path: str | os.PathLike) -> bool:
+  """True for http:// and https:// URLs (read with urllib, never written)."""
+  return os.fspath(path).startswith(_WEB)
+
+
 def is_remote(path: str | os.PathLike) -> bool:
   """True for `SCHEME://...` paths (gs://, ram://, http://, ...)."""
   return '://' in os.fspath(path)

@@ -19,7 +19,7 @@ import ml_collections
 from ml_collections import config_dict
 import numpy as np
 
-from vit_jax import errors
+from vit_jax import errors, files
 from vit_jax.data import checks, hosts, normalization, synthetic
 
 _AUTOTUNE = -1  # tf.data.AUTOTUNE, spelled out so that building a config needs no TensorFlow.
@@ -306,7 +306,7 @@ def load_files(paths: list[str], config=None) -> np.ndarray:
 
   Returns float32 (B, H, W, C), normalized. `config` is a data config (or dict); only
   image_size, channels, the eval_* fields, pixel_mean and pixel_std matter. Paths may be on
-  any filesystem tf.io.gfile reaches.
+  any filesystem tf.io.gfile reaches, or http(s) URLs.
 
   Raises:
     MissingFileError: a file does not exist.
@@ -317,11 +317,12 @@ def load_files(paths: list[str], config=None) -> np.ndarray:
   config = _checked_config(ml_collections.ConfigDict(config or {}))
   images = []
   for path in paths:
-    if not tf.io.gfile.exists(path):
-      raise errors.MissingFileError(f'Image file {path!r} does not exist.')
-    if tf.io.gfile.isdir(path):
-      raise errors.ConfigError(f'Image file {path!r} is a directory; give image files.')
-    contents = tf.io.read_file(path)
+    if not files.is_web(path):  # A URL says it is missing when read.
+      if not files.exists(path):
+        raise errors.MissingFileError(f'Image file {path!r} does not exist.')
+      if files.isdir(path):
+        raise errors.ConfigError(f'Image file {path!r} is a directory; give image files.')
+    contents = tf.constant(files.read_bytes(path))
     if not _has_decodable_signature(contents.numpy()[:12]):  # Else TF logs a C++ warning.
       raise _unreadable(path, 'its first bytes are those of none of these formats')
     image = _decoded(path, contents, config.channels)

@@ -83,7 +83,7 @@ def build_model(config: ml_collections.ConfigDict, **caller_fields):
 def visualize_config() -> ml_collections.ConfigDict:
   """Knobs of `trainer=visualize`, which writes attention-map and training-curve PNGs."""
   config = ml_collections.ConfigDict()
-  # Image files (classification) or sentences (translation), separated by '|';
+  # Image files or URLs (classification) or sentences (translation), separated by '|';
   # '': the first `num_examples` test examples.
   config.inputs = ''
   config.num_examples = 4  # Test examples drawn when `inputs` is empty.
@@ -95,7 +95,7 @@ def visualize_config() -> ml_collections.ConfigDict:
 def predict_config() -> ml_collections.ConfigDict:
   """Knobs of `trainer=predict`, which prints the top classes of image files."""
   config = ml_collections.ConfigDict()
-  config.inputs = ''  # Image files, folders or globs, separated by ','.
+  config.inputs = ''  # Image files, folders, globs or http(s) URLs, separated by ','.
   config.top_k = 5  # Classes printed per image.
   config.batch_size = 32  # Images per forward pass.
   config.output_file = ''  # Also write one JSON object per image here ('': print only).

@@ -36,11 +36,13 @@ def expand_inputs(spec: str) -> list[str]:
   items = [item.strip() for item in spec.split(',') if item.strip()]
   if not items:
     raise errors.ConfigError(
-        "config.predict.inputs is empty: give image files, folders or globs separated by ',', "
-        "e.g. --config.predict.inputs='cat.jpg,photos/'.")
+        "config.predict.inputs is empty: give image files, folders, globs or URLs separated "
+        "by ',', e.g. --config.predict.inputs='cat.jpg,photos/'.")
   paths = []
   for item in items:
-    if files.isdir(item):
+    if files.is_web(item):  # Read (or said to be missing) when predicted.
+      paths.append(item)
+    elif files.isdir(item):
       found, others = [], []
       for name in sorted(files.walk_files(item)):
         if not os.path.basename(name).startswith('.'):
