@@ -172,7 +172,7 @@ def test_a_public_bucket_without_credentials_prints_no_native_warning():
   script = ('from vit_jax import errors, files\n'
             'try:\n'
             "  print(files.exists('gs://vit_models/imagenet21k/no-such-file.npz'))\n"
-            'except errors.DataUnavailableError as e:  # Offline.\n'
+            'except errors.DataUnavailableError:  # Offline.\n'
             "  print('unreachable')\n")
   out = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, cwd=REPO,
                        timeout=300)

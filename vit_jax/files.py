@@ -2,99 +2,26 @@
 
 `gs://`, `s3://`, `hdfs://`, TensorFlow's in-memory `ram://`, ...: anything with a
 `SCHEME://` goes through tf.io.gfile (TensorFlow is imported on first use); local paths
-use the os module. http(s) URLs can be read, not written.
+use the os module. http(s) URLs can be read, not written. Reaching the remote ones (and
+saying why not in one line) is `remote_files`'s.
 """
 
 import contextlib
 import errno
 import glob as local_glob
 import os
-import re
 import shutil
-import sys
 import tempfile
 import uuid
 from typing import Callable, Iterator
 
-from vit_jax import errors
+from vit_jax import errors, remote_files
 
-_WEB = ('http://', 'https://')
-_WEB_TIMEOUT_S = 60  # Seconds without a byte before an http(s) read gives up.
-
-
-def is_web(path: str | os.PathLike) -> bool:
-  """True for http:// and https:// URLs (read with urllib, never written)."""
-  return os.fspath(path).startswith(_WEB)
-
-
-def is_remote(path: str | os.PathLike) -> bool:
-  """True for `SCHEME://...` paths (gs://, ram://, http://, ...)."""
-  return '://' in os.fspath(path)
-
-
-def _gfile():
-  try:
-    from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
-  except ImportError as e:
-    raise errors.ConfigError('Remote paths (gs://, s3://, ...) need TensorFlow '
-                             '(tf.io.gfile): install tensorflow-cpu, or copy the files to '
-                             'a local path.') from e
-  return tf.io.gfile
-
-
-# TensorFlow's GCS filesystem logs this C++ warning at its first request without credentials,
-# which public buckets (gs://vit_models) need none of; a private bucket's access error says it.
-_NO_CREDENTIALS = re.compile(r'[WE]\d{4} [\d:. ]+\d+ google_auth_provider\.cc:\d+\] All attempts '
-                             'to get a Google authentication bearer token failed')
-_gcs_used = False
-
-
-@contextlib.contextmanager
-def _reaching(path: str):
-  """Turns a remote filesystem's failure (no network, no access) into a one-line error."""
-  global _gcs_used
-  first_gcs_request = os.fspath(path).startswith('gs://') and not _gcs_used
-  _gcs_used = _gcs_used or first_gcs_request
-  with _without_credentials_warning() if first_gcs_request else contextlib.nullcontext():
-    with _one_line_errors(path):
-      yield
-
-
-@contextlib.contextmanager
-def _without_credentials_warning():
-  from vit_jax.data import tf_cpu  # pylint: disable=g-import-not-at-top
-  lines = []
-  try:
-    with tf_cpu.stderr_captured() as lines:
-      yield
-  finally:
-    sys.stderr.write(''.join(line for line in lines if not _NO_CREDENTIALS.match(line)))
-
-
-@contextlib.contextmanager
-def _one_line_errors(path: str):
-  try:
-    yield
-  except Exception as e:  # pylint: disable=broad-except  # tf.errors.OpError and kin.
-    if not is_remote(path) or type(e).__module__.split('.')[0] != 'tensorflow':
-      raise
-    if type(e).__name__ == 'NotFoundError':
-      raise errors.MissingFileError(f'{path} does not exist.') from None
-    if type(e).__name__ == 'UnimplementedError':  # "File system scheme 's3' not implemented".
-      scheme = os.fspath(path).split('://')[0]
-      raise errors.ConfigError(
-          f'Cannot read {path}: TensorFlow (tf.io.gfile) has no filesystem for {scheme}:// here '
-          '(it has gs:// and ram://; tensorflow-io adds s3://, hdfs:// and others): install '
-          'tensorflow-io, or copy the file to a local path.') from None
-    message = ' '.join(getattr(e, 'message', str(e)).split())
-    raise errors.DataUnavailableError(
-        f'Cannot reach {path}: {message}. Check the network connection and the credentials '
-        '(for gs://: gcloud auth application-default login), or copy the file to a local '
-        'path.') from None
+is_web, is_remote = remote_files.is_web, remote_files.is_remote  # Callers ask files.
 
 
 def _check_writable(path: str):
-  if os.fspath(path).startswith(_WEB):
+  if is_web(path):
     raise errors.ConfigError(f'Cannot write to {path}: http(s) URLs are read-only.')
 
 
@@ -110,22 +37,22 @@ def join(path: str, *names: str) -> str:
 
 def exists(path: str) -> bool:
   path = os.fspath(path)
-  if path.startswith(_WEB):
+  if is_web(path):
     return False  # Unknown until read; read_bytes says if it is missing.
   if not is_remote(path):
     return os.path.exists(path)
-  with _reaching(path):
-    return _gfile().exists(path)
+  with remote_files.reaching(path):
+    return remote_files.gfile().exists(path)
 
 
 def isdir(path: str) -> bool:
   path = os.fspath(path)
-  if path.startswith(_WEB):
+  if is_web(path):
     return False
   if not is_remote(path):
     return os.path.isdir(path)
-  with _reaching(path):
-    return _gfile().isdir(path)
+  with remote_files.reaching(path):
+    return remote_files.gfile().isdir(path)
 
 
 def makedirs(path: str):
@@ -134,8 +61,8 @@ def makedirs(path: str):
   if not is_remote(path):
     os.makedirs(path, exist_ok=True)
     return
-  with _reaching(path):
-    _gfile().makedirs(path)
+  with remote_files.reaching(path):
+    remote_files.gfile().makedirs(path)
 
 
 def listdir(path: str) -> list[str]:
@@ -143,8 +70,8 @@ def listdir(path: str) -> list[str]:
   path = os.fspath(path)
   if not is_remote(path):
     return sorted(os.listdir(path))
-  with _reaching(path):
-    return sorted(name.rstrip('/') for name in _gfile().listdir(path))
+  with remote_files.reaching(path):
+    return sorted(name.rstrip('/') for name in remote_files.gfile().listdir(path))
 
 
 def glob(pattern: str) -> list[str]:
@@ -152,16 +79,16 @@ def glob(pattern: str) -> list[str]:
   pattern = os.fspath(pattern)
   if not is_remote(pattern):
     return sorted(local_glob.glob(os.path.expanduser(pattern)))
-  with _reaching(pattern):
-    return sorted(_gfile().glob(pattern))
+  with remote_files.reaching(pattern):
+    return sorted(remote_files.gfile().glob(pattern))
 
 
 def remove_tree(path: str):
   """Removes directory `path` and everything in it; nothing when it does not exist."""
   path = os.fspath(path)
   if is_remote(path):
-    if _gfile().exists(path):
-      _gfile().rmtree(path)
+    if remote_files.gfile().exists(path):
+      remote_files.gfile().rmtree(path)
   else:
     shutil.rmtree(path, ignore_errors=True)
 
@@ -172,7 +99,7 @@ def open_file(path: str, mode: str = 'r'):
   if 'w' in mode or 'a' in mode:
     _check_writable(path)
   if is_remote(path):
-    return _gfile().GFile(path, mode)
+    return remote_files.gfile().GFile(path, mode)
   return open(path, mode, encoding=None if 'b' in mode else 'utf-8')
 
 
@@ -183,25 +110,11 @@ def read_bytes(path: str) -> bytes:
     MissingFileError: there is no such file.
   """
   path = os.fspath(path)
-  if path.startswith(_WEB):
-    import urllib.error  # pylint: disable=g-import-not-at-top
-    import urllib.request  # pylint: disable=g-import-not-at-top
-    try:
-      with urllib.request.urlopen(path, timeout=_WEB_TIMEOUT_S) as response:
-        return response.read()
-    except urllib.error.HTTPError as e:
-      if e.code == 404:
-        raise errors.MissingFileError(f'{path} does not exist (HTTP 404).') from None
-      raise errors.DataUnavailableError(f'Cannot read {path}: HTTP {e.code} {e.reason}. Check '
-                                        'the URL, or copy the file to a local path.') from None
-    except OSError as e:  # URLError (no network, refused), a timeout, a dropped connection.
-      reason = e.reason if isinstance(e, urllib.error.URLError) else e
-      raise errors.DataUnavailableError(
-          f'Cannot reach {path}: {reason}. Check the network connection (and https_proxy where '
-          'one is needed), or copy the file to a local path.') from None
+  if is_web(path):
+    return remote_files.read_url(path)
   if not exists(path):
     raise errors.MissingFileError(f'{path} does not exist.')
-  with _reaching(path), open_file(path, 'rb') as f:
+  with remote_files.reaching(path), open_file(path, 'rb') as f:
     return f.read()
 
 
@@ -228,7 +141,7 @@ def write_atomically(path: str, write: Callable[[str], None], *,
     raise FileExistsError(f'{path} already exists; pass overwrite=True (--overwrite on '
                           'the command line) to replace it.')
   if is_remote(path):
-    gfile = _gfile()
+    gfile = remote_files.gfile()
     gfile.makedirs(os.path.dirname(path))
     with tempfile.TemporaryDirectory() as local_dir:
       local = os.path.join(local_dir, os.path.basename(path))
@@ -277,7 +190,7 @@ def write_text_atomically(path: str, text: str):
 
 def walk_files(directory: str) -> Iterator[str]:
   """Paths relative to `directory` of every file below it."""
-  walk = _gfile().walk if is_remote(directory) else os.walk
+  walk = remote_files.gfile().walk if is_remote(directory) else os.walk
   for root, _, names in walk(directory):
     for name in names:
       yield os.path.relpath(os.path.join(root, name), directory)
@@ -285,7 +198,7 @@ def walk_files(directory: str) -> Iterator[str]:
 
 def copy_tree(source: str, destination: str):
   """Copies every file below `source` to the same place below `destination`."""
-  gfile = _gfile() if is_remote(source) or is_remote(destination) else None
+  gfile = remote_files.gfile() if is_remote(source) or is_remote(destination) else None
   for relative in walk_files(source):
     target = os.path.join(destination, relative)
     if gfile is None:
@@ -322,6 +235,20 @@ def is_disk_full(error: BaseException) -> bool:
   if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
     return True
   return 'No space left on device' in str(error)  # Wrapped by a library (safetensors' I/O).
+
+
+@contextlib.contextmanager
+def full_disk_as_one_line(path: str | None = None):
+  """Turns a write inside it that ran out of space into `disk_full`'s error, naming `path` (else
+  the failing call's file, where it names one)."""
+  try:
+    yield
+  except errors.DiskFullError:
+    raise  # Named where it was written.
+  except OSError as error:
+    if not is_disk_full(error):
+      raise
+    raise disk_full(path or error.filename, error) from None
 
 
 def disk_full(path: str | None, error: Exception) -> errors.DiskFullError:

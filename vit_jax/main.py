@@ -175,14 +175,10 @@ def main(argv):
 
 def _main_with_errors(argv):
   try:
-    main(argv)
+    with files.full_disk_as_one_line():  # Where no write site named the file.
+      main(argv)
   except errors.UserError as error:
     print(f'error: {" ".join(str(error).split())}', file=sys.stderr)
-    sys.exit(1)
-  except OSError as error:  # A full disk where no write site named the file.
-    if not files.is_disk_full(error):
-      raise
-    print(f'error: {files.disk_full(error.filename, error)}', file=sys.stderr)
     sys.exit(1)
   except preemption.Stopped as stopped:
     print(str(stopped), file=sys.stderr)

@@ -67,20 +67,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                               ('interpolation', args.eval_interpolation))
            if value is not None}
   try:
-    export(args.source, args.out, args.export_format, model_name=args.model, ema=args.ema,
-           batch_size=args.batch_size, dtype=args.dtype, preprocess=args.preprocess,
-           image_size=args.image_size, overwrite=args.overwrite, pixel_mean=args.pixel_mean,
-           pixel_std=args.pixel_std, resize=Resize(**given) if given else None,
-           fall_back=args.checkpoint_fallback)
+    with files.full_disk_as_one_line(args.out):
+      export(args.source, args.out, args.export_format, model_name=args.model, ema=args.ema,
+             batch_size=args.batch_size, dtype=args.dtype, preprocess=args.preprocess,
+             image_size=args.image_size, overwrite=args.overwrite, pixel_mean=args.pixel_mean,
+             pixel_std=args.pixel_std, resize=Resize(**given) if given else None,
+             fall_back=args.checkpoint_fallback)
   except errors.UserError as e:
     # The checkpoint readers name the trainer's flag; this program's is --checkpoint-fallback.
     message = str(e).replace('--config.checkpoint_fallback=True', '--checkpoint-fallback')
     print(f'error: {message}', file=sys.stderr)
-    return 1
-  except OSError as e:
-    if not files.is_disk_full(e):
-      raise
-    print(f'error: {files.disk_full(args.out, e)}', file=sys.stderr)
     return 1
   print(f'Wrote {args.out}')
   return 0

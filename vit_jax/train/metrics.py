@@ -1,7 +1,6 @@
 """What a run reports: log lines, TensorBoard event files and WORKDIR/metrics.jsonl (read by
 `vit_jax.run_metrics`)."""
 
-import contextlib
 import json
 import os
 import socket
@@ -39,16 +38,6 @@ class _EventFile:
     self._file.close()
 
 
-@contextlib.contextmanager
-def _naming_a_full_disk(path: str):
-  try:
-    yield
-  except OSError as error:
-    if not files.is_disk_full(error):
-      raise
-    raise files.disk_full(path, error) from None
-
-
 class MetricWriter:
   """Writes scalars from process 0: TensorBoard under WORKDIR/tensorboard, JSON lines.
 
@@ -67,9 +56,10 @@ class MetricWriter:
     if not self.enabled:
       return
     scalars = {k: float(v) for k, v in scalars.items()}
-    with _naming_a_full_disk(self._jsonl_path), files.open_file(self._jsonl_path, 'a') as f:
+    path = self._jsonl_path
+    with files.full_disk_as_one_line(path), files.open_file(path, 'a') as f:
       f.write(json.dumps({'step': int(step), 'split': split, **scalars}) + '\n')
-    with _naming_a_full_disk(self._events.path):
+    with files.full_disk_as_one_line(self._events.path):
       self._events.scalars(int(step), {f'{split}/{name}': v for name, v in scalars.items()})
 
   def close(self):
