@@ -15,8 +15,9 @@ UNRESOLVABLE_URL = 'https://downloads.example.invalid/tiny.tar.gz'  # .invalid n
 
 
 class UnpreparedBuilder:
-  """A TFDS builder's surface as `prepare` uses it; its download raises `failure`, if any, and
-  records the retry count TFDS's downloader would use."""
+  """A TFDS builder's surface as `prepare` uses it; its download prints what TFDS's prints (a
+  line on stdout, progress bars on stderr), raises `failure`, if any, and records the retry
+  count TFDS's downloader would use."""
 
   def __init__(self, tmp_path, url: str, failure: Exception | None = None):
     self.data_dir = tmp_path / 'tfds' / 'tiny' / '1.0.0'
@@ -30,7 +31,11 @@ class UnpreparedBuilder:
   def download_and_prepare(self, download_config=None):
     del download_config
     from tensorflow_datasets.core.download import downloader  # pylint: disable=g-import-not-at-top
+    from tensorflow_datasets.core.utils import tqdm_utils  # pylint: disable=g-import-not-at-top
     self.retries.append(downloader.MAX_RETRIES)
+    print(f'Downloading and preparing dataset Unknown size to {self.data_dir}...')
+    with tqdm_utils.async_tqdm(total=1, desc='Dl Completed...', unit=' url') as bar:
+      bar.update(0)
     if self.failure:
       raise self.failure
 
@@ -56,6 +61,17 @@ def test_a_host_that_does_not_resolve_is_not_retried(tmp_path, no_proxy):
   assert "'tiny' is not prepared in" in message
   assert 'download host downloads.example.invalid does not resolve (no network?)' in message
   assert 'tfds build tiny --data_dir=DIR' in message and 'tfds_data_dir=DIR' in message
+
+
+def test_an_attempt_that_cannot_download_prints_no_tfds_progress(tmp_path, no_proxy, capfd):
+  del no_proxy
+  with pytest.raises(errors.DataUnavailableError):
+    _prepare(UnpreparedBuilder(tmp_path, UNRESOLVABLE_URL, ConnectionError('Failed to resolve')))
+  out, err = capfd.readouterr()
+  assert (out, err) == ('', '')
+  _prepare(UnpreparedBuilder(tmp_path, 'http://localhost/tiny.tar.gz'))  # It can download.
+  out, err = capfd.readouterr()
+  assert 'Downloading and preparing dataset' in out and 'Dl Completed...' in err
 
 
 def test_a_manual_dataset_prepares_offline(tmp_path, no_proxy):

@@ -5,6 +5,7 @@ TensorFlow Datasets is imported inside each function, so importing this module i
 
 import contextlib
 import difflib
+import io
 import logging
 import socket
 import urllib.parse
@@ -97,8 +98,9 @@ def prepare(builder, name: str, config: ml_collections.ConfigDict, tfds):
                       '3.5 minutes for 10, before the error: config.data.tfds_download_retries')
     with progress.phase(f'Preparing TFDS dataset {name} in {builder.data_dir} (download and '
                         f'convert; this happens once; {when_failing})'):
-      builder.download_and_prepare(
-          download_config=tfds.download.DownloadConfig(manual_dir=config.tfds_manual_dir))
+      with _tfds_quiet(tfds) if unreachable else contextlib.nullcontext():
+        builder.download_and_prepare(
+            download_config=tfds.download.DownloadConfig(manual_dir=config.tfds_manual_dir))
   except OSError as e:  # requests' ConnectionError is one.
     if not unreachable:
       raise _preparing_failed(name, where, how, e) from e
@@ -109,6 +111,20 @@ def prepare(builder, name: str, config: ml_collections.ConfigDict, tfds):
     raise _preparing_failed(name, where, how, e) from e
   finally:
     downloader.MAX_RETRIES = default_retries
+
+
+@contextlib.contextmanager
+def _tfds_quiet(tfds):
+  """Without TFDS's 'Downloading and preparing' line and progress bars: for an attempt that
+  cannot download, whose outcome the error (or the phase's last line) says."""
+  from tensorflow_datasets.core.utils import tqdm_utils  # pylint: disable=g-import-not-at-top
+  bars_shown = getattr(tqdm_utils, '_active', True)
+  tfds.display_progress_bar(False)
+  try:
+    with contextlib.redirect_stdout(io.StringIO()):
+      yield
+  finally:
+    tfds.display_progress_bar(bars_shown)
 
 
 def _preparing_failed(name: str, where: str, how: str, e: Exception) -> Exception:
