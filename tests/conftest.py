@@ -108,7 +108,8 @@ def pytest_terminal_summary(terminalreporter):
   for report in terminalreporter.stats.get('passed', []):
     for name, value in getattr(report, 'user_properties', []):
       if name == 'commands':
-        counts.append((report.nodeid.split('[', 1)[-1].rstrip(']'), value))
+        test = report.nodeid.rsplit('@', 1)[0]  # Without its @xdist_group.
+        counts.append((test.split('[', 1)[-1].rstrip(']'), value))
   if counts:
     terminalreporter.write_sep('-', 'documented commands run, by source')
     for source, count in sorted(counts):

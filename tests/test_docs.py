@@ -27,6 +27,10 @@ from PIL import Image
 
 from vit_jax.benchmark import gpu_target
 
+# One worker runs every source (--dist=loadgroup): the workdirs many of them start from
+# (`trained_runs`) are then trained once, not once per worker.
+pytestmark = pytest.mark.xdist_group('docs')
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 COMMAND = re.compile(r'python -m vit_jax\.\w+')
 # Commands that need the network run offline anywhere: downloads go to a closed port, and
@@ -352,7 +356,7 @@ def _trained(workdir: str, command: str, cwd: pathlib.Path, env: dict, cache: pa
              ) -> str:
   """Puts in cwd/workdir what `command` (run in cwd, training `workdir`) writes there.
 
-  It runs once per worker, in `cache` (laid out like cwd), and is copied from there after.
+  It runs once, in `cache` (laid out like cwd), and is copied from there after.
   Returns what it printed (stdout, then stderr).
   """
   output = cache / f'{workdir.replace("/", "_")}.output'
@@ -370,8 +374,8 @@ def _trained(workdir: str, command: str, cwd: pathlib.Path, env: dict, cache: pa
 
 # Workdirs that many examples start from, and the configs that train them. Training one from
 # scratch reads nothing but configs/, so the run is the same in any directory laid out like the
-# repository: the documented training command itself (as the rules shrink it) runs once per
-# worker (`_trained`), and its workdir and output serve every source that documents it.
+# repository: the documented training command itself (as the rules shrink it) runs once
+# (`_trained`), and its workdir and output serve every source that documents it.
 SHARED_RUNS = {'runs/digits': 'configs/vit_digits.py', 'runs/dates': 'configs/transformer_dates.py'}
 
 
@@ -427,7 +431,8 @@ def _laid_out_like_the_repository(directory: pathlib.Path) -> pathlib.Path:
 
 @pytest.fixture(scope='session')
 def trained_runs(tmp_path_factory) -> pathlib.Path:
-  """Where the workdirs that examples start from are trained, once per worker."""
+  """Where the workdirs that examples start from are trained, once (one worker runs this
+  module: its xdist_group)."""
   return _laid_out_like_the_repository(tmp_path_factory.mktemp('trained_runs'))
 
 
@@ -449,7 +454,7 @@ def test_documented_commands_run_as_written(source, tmp_path, trained_runs, reco
     written = ' && '.join([*exports, _with_overrides(command, rule.append)])
     shared = next((workdir for workdir in SHARED_RUNS if written == _shared_run_command(workdir)
                    and not (tmp_path / workdir).exists()), None)
-    if shared:  # The same command in the same state: the run of this worker, and its output.
+    if shared:  # The same command in the same state: the shared run, and its output.
       out = subprocess.CompletedProcess(written, 0, _trained(shared, written, tmp_path, env,
                                                              trained_runs), '')
     else:
