@@ -108,8 +108,9 @@ def test_auto_equals_plain_in_values_and_gradients(mask_name):
 
 def test_auto_resolves_per_backend_and_dtype():
   resolve = attention.resolve_attention_impl
-  # float32 on CPUs: the BLAS kernel where `kernels.use` puts the Dense layers there.
-  on_blas = blas.resolve_matmul('auto') == 'blas'
+  # float32 on CPUs: the BLAS kernel where `kernels.use` puts the Dense layers there, and on
+  # AMD CPUs with MKL (test_blas checks each CPU and BLAS).
+  on_blas = blas.attention_on_blas('auto')
   with kernels.use('auto'):
     assert resolve('auto', backend='cpu') == ('blas' if on_blas else 'head_major')
   with kernels.use('xla'):

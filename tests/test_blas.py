@@ -138,6 +138,38 @@ def test_explicit_blas_on_another_backend_says_it_runs_on_cpus(monkeypatch):
   assert blas.resolve_matmul('auto') == 'xla'
 
 
+@pytest.mark.parametrize('vendor, blas_name, matmul, expected', [
+    ('AuthenticAMD', 'mkl', 'auto', ('xla', 'blas')),  # Attention alone on MKL.
+    ('AuthenticAMD', 'mkl', 'xla', ('xla', 'head_major')),  # 'xla' keeps attention there too.
+    ('AuthenticAMD', 'openblas', 'auto', ('xla', 'head_major')),
+    ('GenuineIntel', 'mkl', 'auto', ('blas', 'blas')),  # Products and attention on MKL.
+    ('GenuineIntel', 'openblas', 'auto', ('xla', 'head_major')),
+    ('', 'mkl', 'auto', ('xla', 'head_major')),  # A CPU that does not say.
+])
+def test_auto_puts_products_and_attention_where_they_were_measured_faster(
+    monkeypatch, vendor, blas_name, matmul, expected):
+  monkeypatch.setattr(blas, '_cpu_vendor', lambda: vendor)
+  monkeypatch.setattr(blas, '_mkl_found', lambda: blas_name == 'mkl')
+
+  def load():
+    assert blas_name == 'mkl', 'the kernels were built for OpenBLAS, which auto never runs'
+    return BLAS._replace(name=blas_name), None
+
+  monkeypatch.setattr(blas, '_load', load)
+  model = models.get_model('ViT-testing', num_classes=10)
+  images = _random(2, 16, 16, 3)
+  params = model.init(jax.random.key(0), images)['params']
+  with kernels.use(matmul):
+    resolved = (blas.resolve_matmul(matmul),
+                models.resolve_attention_impl('auto', backend='cpu'))
+    jaxpr = str(jax.make_jaxpr(lambda p: model.apply({'params': p}, images))(params))
+  assert resolved == expected
+  assert (blas.GEMM_TARGET in jaxpr) == (expected[0] == 'blas')
+  assert (blas.ATTENTION_INFERENCE_TARGET in jaxpr) == (expected[1] == 'blas')
+  with kernels.use('auto'):  # Bfloat16 stays on XLA everywhere.
+    assert not blas.attention_on_blas('auto', dtype=jnp.bfloat16)
+
+
 def test_without_a_blas_auto_falls_back_and_blas_says_why(tmp_path):
   """A fresh process that finds no BLAS: 'auto' runs XLA, 'blas' names the problem."""
   script = (
@@ -159,12 +191,34 @@ def test_without_a_blas_auto_falls_back_and_blas_says_why(tmp_path):
   assert "pip install 'vit_jax[mkl]'" in out.stdout
 
 
-def test_numpys_openblas_runs_the_kernels_too():
-  """Without MKL the kernels run on the OpenBLAS inside NumPy's wheels, threads and all."""
+def _on_numpys_openblas(script: str, **env) -> subprocess.CompletedProcess:
+  """Runs `script` in a fresh process whose BLAS is NumPy's bundled OpenBLAS (else skips)."""
   numpy_blas = [b for b in blas._blas_candidates() if b.name == 'openblas']
   if not numpy_blas:
     pytest.skip('this NumPy has no bundled scipy-openblas')
-  script = (
+  return subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                        env={**os.environ, 'VIT_JAX_BLAS': numpy_blas[0].path, **env},
+                        timeout=300)
+
+
+def test_without_mkl_auto_builds_nothing(tmp_path):
+  """Where the BLAS found is OpenBLAS, 'auto' runs XLA on any CPU without compiling the
+  kernels first (a first start would wait for the C++ compiler for nothing)."""
+  cache = tmp_path / 'cache'
+  out = _on_numpys_openblas(
+      'from vit_jax import kernels, models\n'
+      'from vit_jax.kernels import blas\n'
+      "with kernels.use('auto'):\n"
+      "  print(blas.resolve_matmul('auto'), models.resolve_attention_impl('auto', backend='cpu'))\n",
+      VIT_JAX_CACHE=str(cache))
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.split() == ['xla', 'head_major']
+  assert not cache.exists()
+
+
+def test_numpys_openblas_runs_the_kernels_too():
+  """Without MKL the kernels run on the OpenBLAS inside NumPy's wheels, threads and all."""
+  out = _on_numpys_openblas(
       'import jax, jax.numpy as jnp, numpy as np\n'
       'from vit_jax.kernels import blas\n'
       'from vit_jax.models import plain_attention\n'
@@ -176,9 +230,6 @@ def test_numpys_openblas_runs_the_kernels_too():
       'np.testing.assert_allclose(jax.jit(blas.matmul)(a, b), a @ b, rtol=1e-4, atol=1e-4)\n'
       'assert blas.load().name == "openblas", blas.load()\n'  # Loaded on first use.
       'print("openblas ok")\n')
-  env = {**os.environ, 'VIT_JAX_BLAS': numpy_blas[0].path}
-  out = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True,
-                       text=True, timeout=300)
   assert out.returncode == 0 and 'openblas ok' in out.stdout, out.stderr[-3000:]
 
 

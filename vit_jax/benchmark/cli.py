@@ -16,7 +16,8 @@ vit_jax.benchmark.hlo_costs FILE` to read later.
 
 `--matmul` chooses who multiplies the float32 matrices of the Dense layers: 'xla'
 (XLA:CPU's own kernels), 'blas' (MKL or OpenBLAS through `vit_jax.kernels.blas`) or
-'auto' (the trainer's default: MKL on Intel CPUs where it is installed); everything
+'auto' (the trainer's default: where MKL is installed, MKL on Intel CPUs, and on AMD CPUs
+XLA's products with attention on MKL); everything
 runs inside `vit_jax.kernels.use(matmul, dropout_masks)`, as in the trainer. The title
 line shows what ran. FLOPs on the BLAS count like XLA's. `--dropout-masks` chooses where
 dropout's masks come from, as `config.dropout_masks`: 'hash' (the default) or 'jax'.
@@ -142,7 +143,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help="attention kernel; 'auto' picks the backend's fastest")
   parser.add_argument('--matmul', default='auto', choices=blas.MATMUL_IMPLEMENTATIONS,
                       help="float32 Dense products: XLA's kernels, a BLAS (MKL/OpenBLAS), "
-                      "or 'auto' (MKL on Intel CPUs)")
+                      "or 'auto' (MKL on Intel CPUs; on AMD, attention alone on MKL)")
   parser.add_argument('--dropout-masks', default='hash', choices=kernels.DROPOUT_MASKS,
                       help="dropout's random masks: a counter hash, or jax.random.bernoulli "
                       '(threefry)')

@@ -14,7 +14,8 @@ builds on them:
 - `attention(q, k, v)`: unmasked multi-head attention on (B, T, N, H) inputs,
   with its own gradient;
 - `resolve_matmul`: what the option `matmul` of `vit_jax.kernels.use` ('auto',
-  'xla', 'blas') means on this machine.
+  'xla', 'blas') means on this machine for the products, `attention_on_blas` for
+  attention.
 
 The BLAS is MKL's `libmkl_rt` where installed (`pip install 'vit_jax[mkl]'`),
 else the OpenBLAS inside NumPy's wheels; `VIT_JAX_BLAS=/path/to/libmkl_rt.so`
@@ -111,6 +112,16 @@ def _find_blas() -> tuple[Blas, ctypes.CDLL]:
       "libmkl_rt.so, or use matmul='xla' (--config.matmul=xla).")
 
 
+@functools.cache
+def _mkl_found() -> bool:
+  """Whether the BLAS the kernels would call is MKL: found (loaded), not built."""
+  try:
+    blas, _ = _find_blas()
+  except KernelUnavailable:
+    return False
+  return blas.name == 'mkl'
+
+
 def _cpu_signature() -> str:
   """What -march=native depends on: the CPU model and its flags."""
   try:
@@ -202,12 +213,27 @@ def load() -> Blas:
 
 
 @functools.cache
-def _intel_cpu() -> bool:
+def _cpu_vendor() -> str:
+  """The CPU's vendor_id ('GenuineIntel', 'AuthenticAMD'), or '' where it cannot be read."""
   try:
     with open('/proc/cpuinfo') as f:
-      return any(line.startswith('vendor_id') and 'GenuineIntel' in line for line in f)
+      for line in f:
+        if line.startswith('vendor_id'):
+          return line.split(':', 1)[1].strip()
   except OSError:
+    pass
+  return ''
+
+
+def _auto_runs_mkl(dtype, vendor: str) -> bool:
+  """Whether 'auto' may run MKL here: float32 on a single CPU device of `vendor`, with MKL
+  installed (found first, so that nothing is built without it)."""
+  if jnp.dtype(dtype) != jnp.float32 or _cpu_vendor() != vendor:
     return False
+  if jax.default_backend() != 'cpu' or jax.device_count() != 1 or not _mkl_found():
+    return False
+  blas, _ = _load()
+  return blas is not None and blas.name == 'mkl'
 
 
 def resolve_matmul(matmul: str, *, dtype=jnp.float32) -> str:
@@ -224,12 +250,23 @@ def resolve_matmul(matmul: str, *, dtype=jnp.float32) -> str:
   if matmul == 'blas':
     load()
     return 'blas'
-  if matmul == 'xla' or jnp.dtype(dtype) != jnp.float32:
+  if matmul == 'xla':
     return 'xla'
-  if jax.default_backend() != 'cpu' or jax.device_count() != 1 or not _intel_cpu():
-    return 'xla'
-  blas, _ = _load()
-  return 'blas' if blas is not None and blas.name == 'mkl' else 'xla'
+  return 'blas' if _auto_runs_mkl(dtype, 'GenuineIntel') else 'xla'
+
+
+def attention_on_blas(matmul: str, *, dtype=jnp.float32) -> bool:
+  """Whether attention 'auto' runs `attention` here, under the option `matmul`.
+
+  Where the products are on the BLAS (`resolve_matmul`), attention is too. On AMD CPUs,
+  'auto' keeps the products on XLA's kernels and runs attention alone on MKL: there a train
+  step was measured faster that way than on XLA alone or on MKL alone, and inference no
+  slower (README, Benchmarks). Float32 on a single CPU device with MKL installed, as for
+  the products; an explicit `matmul='xla'` keeps attention on XLA too.
+  """
+  if resolve_matmul(matmul, dtype=dtype) == 'blas':
+    return True
+  return matmul == 'auto' and _auto_runs_mkl(dtype, 'AuthenticAMD')
 
 
 def _gemm(a: jax.Array, b: jax.Array, transpose_a: bool = False,

@@ -8,7 +8,8 @@ inside `with use(matmul, dropout):`
 
 - every `nn.Dense` and `nn.DenseGeneral` whose products `matmul` puts on the BLAS
   (`blas.resolve_matmul`) multiplies through `blas.dot_general`;
-- attention 'auto' picks 'blas' for float32 on CPUs where the products are on the BLAS;
+- attention 'auto' picks 'blas' for float32 on CPUs where the products are on the BLAS,
+  and on AMD CPUs with MKL, where the products stay on XLA (`blas.attention_on_blas`);
 - with `dropout='hash'`, every `nn.Dropout` draws its masks from `dropout.bernoulli`
   (a counter hash; the same keep probability, far cheaper than threefry on CPUs).
 
@@ -115,7 +116,13 @@ def _blas_attention(query, key, value, mask):
   return attention.head_major_attention(query, key, value, mask)
 
 
+def attention_on_blas(dtype=jnp.float32) -> bool:
+  """Whether attention 'auto' traced here runs `blas.attention` (`blas.attention_on_blas`)."""
+  matmul = _MATMUL.get()
+  return matmul is not None and blas.attention_on_blas(matmul, dtype=dtype)
+
+
 attention.register_kernel(
     'blas', _blas_attention,
     auto_choice=lambda backend, dtype: (backend == 'cpu' and dtype == jnp.float32
-                                        and products_on_blas(dtype)))
+                                        and attention_on_blas(dtype)))
