@@ -34,7 +34,7 @@ if importlib.util.find_spec('timm') is not None:
 # (JAX's CUDA images), and the summary names them. The rest runs there, GPU paths included.
 NEEDS_TENSORFLOW_MODULES = (
     'test_benchmark_data', 'test_checkpointing', 'test_data_erasing', 'test_data_images',
-    'test_data_mixing', 'test_data_normalization', 'test_data_sources', 'test_data_text',
+    'test_data_mixing', 'test_data_normalization', 'test_data_sources', 'test_data_text_sources',
     'test_data_tf_cpu', 'test_distillation', 'test_distributed', 'test_docs', 'test_ema',
     'test_errors', 'test_evaluation', 'test_export', 'test_export_translation', 'test_files',
     'test_make_image_folder', 'test_mesh', 'test_notebooks', 'test_prediction', 'test_preemption',

@@ -1,6 +1,7 @@
 """Shared test helpers."""
 
 import dataclasses
+import gzip
 import json
 import os
 import pathlib
@@ -172,6 +173,33 @@ def data_config(**overrides):
   config = images.default_config()
   config.update(overrides)
   return config
+
+
+def text_data_config(**overrides):
+  """The text data config's defaults with `overrides`."""
+  from vit_jax.data import text_config  # pylint: disable=g-import-not-at-top
+  config = text_config.default_config()
+  config.update(overrides)
+  return config
+
+
+def small_dates_config(**overrides):
+  """A quick dates config: 600 train / 50 test examples, chars, no workdir needed."""
+  return text_data_config(**{'dates_train_size': 600, 'dates_test_size': 50, **overrides})
+
+
+def build_text(config, workdir=None, process_index=0, process_count=1):
+  """`text.build` for one host of `process_count` (one by default)."""
+  from vit_jax.data import text  # pylint: disable=g-import-not-at-top
+  return text.build(config, workdir=workdir, process_index=process_index,
+                    process_count=process_count)
+
+
+def write_lines(path, lines, compress=False) -> str:
+  """Writes `lines` to `path` (a pathlib.Path), one a line, gzipped if `compress`; its name."""
+  data = ''.join(line + '\n' for line in lines).encode('utf-8')
+  path.write_bytes(gzip.compress(data) if compress else data)
+  return str(path)
 
 
 def eval_arrays(dataset, batch_size):
