@@ -1,4 +1,5 @@
-"""Checkpoints that fail, from the command line: a corrupt latest checkpoint, a full disk.
+"""Checkpoints that fail, from the command line: a corrupt latest checkpoint, a run killed while
+saving, a full disk.
 
 Each case runs `python -m vit_jax.main` in a subprocess on real files, and ends equal to the
 uninterrupted run (the digits model is deterministic on the CPU).
@@ -14,7 +15,7 @@ import sys
 import textwrap
 
 import pytest
-from helpers import REPO, digits_command, final_eval, tmpfs_runner, user_error
+from helpers import REPO, digits_command, final_eval, read_metrics, tmpfs_runner, user_error
 
 # Its tests share a costly module fixture: one worker runs them all (--dist=loadgroup).
 pytestmark = pytest.mark.xdist_group('checkpointing')
@@ -139,6 +140,34 @@ def test_readers_change_nothing_in_the_workdir(finished, tmp_path):
   assert re.fullmatch(r'error: No checkpoint in \S+/runn/checkpoints: train first, or point '
                       r'--workdir at a trained run\.', user_error(out.stderr)), out.stderr
   assert not typo.exists()
+
+
+def test_a_run_killed_while_saving_resumes_from_the_last_whole_checkpoint(finished, tmp_path):
+  """SIGKILL (the OOM killer, a lost machine) in the middle of an asynchronous save: the rerun
+  resumes from the last checkpoint written whole and ends as the uninterrupted run."""
+  _, reference = finished
+  workdir = tmp_path / 'run'
+  process = subprocess.Popen(digits_command(workdir, STEPS), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=REPO)
+  try:
+    for line in process.stdout:
+      if line.startswith('step 5/'):  # Step 2's save is whole; step 4's has begun.
+        break
+  finally:
+    process.kill()
+    process.communicate()
+  assert process.returncode == -9
+  # Here: ['2', '4.orbax-checkpoint-tmp'] (the save of step 4 was still being written).
+  left = sorted(path.name for path in (workdir / 'checkpoints').iterdir())
+  print(f'checkpoints left by the kill: {left}')
+  whole = [name for name in left if name.isdigit()]
+  assert whole, left
+  rerun = run_main(workdir)
+  assert f'Resumed from the checkpoint at step {max(whole, key=int)} in ' in rerun.stdout
+  assert final_eval(rerun, STEPS) == reference
+  assert sorted(path.name for path in (workdir / 'checkpoints').iterdir()) == ['6', '8']
+  # The steps past the resumed one, logged before the kill, are logged once, by the rerun.
+  assert [row['step'] for row in read_metrics(workdir, 'train')] == list(range(1, STEPS + 1))
 
 
 def test_a_config_that_cannot_resume_leaves_the_saved_one(finished, tmp_path):
