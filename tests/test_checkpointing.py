@@ -161,8 +161,12 @@ def test_a_run_killed_while_saving_resumes_from_the_last_whole_checkpoint(finish
   left = sorted(path.name for path in (workdir / 'checkpoints').iterdir())
   print(f'checkpoints left by the kill: {left}')
   whole = [name for name in left if name.isdigit()]
+  unfinished = [name.split('.')[0] for name in left if not name.isdigit()]
   assert whole, left
   rerun = run_main(workdir)
+  said = re.findall(r'^Removed the unfinished saves? of steps? ([\d, ]+) in \S+ \(the run '
+                    r'that wrote it ended while saving\)\.$', rerun.stdout, re.M)
+  assert said == ([', '.join(unfinished)] if unfinished else []), rerun.stdout
   assert f'Resumed from the checkpoint at step {max(whole, key=int)} in ' in rerun.stdout
   assert final_eval(rerun, STEPS) == reference
   assert sorted(path.name for path in (workdir / 'checkpoints').iterdir()) == ['6', '8']

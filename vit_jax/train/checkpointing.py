@@ -16,6 +16,7 @@ and each completed save is uploaded (`checkpoint_mirror`).
 
 import math
 import os
+import re
 import shutil
 import time
 from typing import Any
@@ -105,6 +106,15 @@ def restore_params(workdir: str, fall_back: bool = False, ema: bool = False) -> 
                                        item='ema_params' if ema else 'params')
 
 
+def _unfinished_saves(directory: str) -> list[int]:
+  """The steps of orbax's temporary directories (STEP.orbax-checkpoint-tmp...) in a local
+  `directory`: saves that never finished."""
+  if files.is_remote(directory) or not os.path.isdir(directory):
+    return []
+  found = (re.match(r'(\d+)\.orbax-checkpoint-tmp', name) for name in os.listdir(directory))
+  return sorted(int(match.group(1)) for match in found if match)
+
+
 def _read_groups(items: dict) -> list[list[str]]:
   """The names of `items` (arrays' shapes) in consecutive groups of about 1/_READ_GROUPS
   of their bytes, and at least _MIN_READ_GROUP_BYTES (a larger array: alone)."""
@@ -139,6 +149,8 @@ class Checkpointer:
       self._mirror = checkpoint_mirror.Mirror(self.directory)
       managed = self._mirror.local
     self._managed = managed
+    # Saves that a run ended in the middle of (killed): training's manager removes them.
+    self.unfinished_steps = [] if read_only else _unfinished_saves(managed)
     orbax_errors.quiet()
     self._manager = ocp.CheckpointManager(
         managed, item_handlers=ocp.StandardCheckpointHandler(),
