@@ -56,12 +56,17 @@ def test_sigterm_at_random_moments_loses_no_step(tmp_path):
   rng = random.Random(0)
   resumed_from, stopped, lost = 0, [], []
   for i in range(SIGNALS):
-    # Two while the process starts (importing, restoring), the others from the start of
-    # training on: while the first step compiles, between steps, during a save.
+    # Two while the process starts (importing, restoring), one from the start of training on
+    # (while the first step compiles), the others a moment after one of the next three steps
+    # (between steps, during a save): anchored to steps, so that the run cannot finish before
+    # the last signal however fast the machine (8 signals stop at most 10 + 7 x 4 steps in).
     if i < 2:
       code, out, err = _signalled(workdir, rng.uniform(0.5, 3.0), after=None)
+    elif i == 2:
+      code, out, err = _signalled(workdir, rng.uniform(0.0, 1.0), after='Training ')
     else:
-      code, out, err = _signalled(workdir, rng.uniform(0.0, 1.5), after='Training ')
+      step = resumed_from + rng.randint(1, 3)
+      code, out, err = _signalled(workdir, rng.uniform(0.0, 0.1), after=f'step {step}/')
     resumed = re.search(r'Resumed from the checkpoint at step (\d+)', out)
     if code == -signal.SIGTERM:  # Before training began (starting, restoring): nothing lost.
       assert not re.search(r'^step \d+/', out, re.M), (out, err)
