@@ -35,6 +35,7 @@ _ITEM = 'default'  # The directory of the state in each step's directory (orbax'
 # again, which for a small model takes far longer than its arrays.
 _READ_GROUPS = 16
 _MIN_READ_GROUP_BYTES = 16 * 2**20
+_TMP = '.orbax-checkpoint-tmp'  # STEP + _TMP...: orbax's directory of a save being written.
 _ASIDE = 'unreadable-{step}'  # Where training moves a checkpoint it cannot read.
 # How the config asks readers other than training to take an older readable checkpoint.
 FALL_BACK_HINT = '--config.checkpoint_fallback=True'
@@ -66,14 +67,12 @@ def check_shapes(stored, expected, what: str,
                  advice: str = 'Use a new --workdir, or the config that wrote it.'):
   """Raises a ConfigError naming the first parameters whose shapes differ (trees of arrays or
   of their shapes); `what` names the stored ones."""
-  mismatched = []
   flat_expected = weights.flatten_params(expected)
   flat_stored = weights.flatten_params(stored)
+  shape = lambda flat, name: tuple(flat[name].shape) if name in flat else None  # noqa: E731
+  mismatched = []
   for name in sorted(set(flat_expected) | set(flat_stored)):
-    want = flat_expected.get(name)
-    have = flat_stored.get(name)
-    want_shape = None if want is None else tuple(want.shape)
-    have_shape = None if have is None else tuple(have.shape)
+    want_shape, have_shape = shape(flat_expected, name), shape(flat_stored, name)
     if want_shape != have_shape:
       mismatched.append(f'{name}: checkpoint {have_shape or "missing"}, '
                         f'model {want_shape or "missing"}')
@@ -104,15 +103,6 @@ def restore_params(workdir: str, fall_back: bool = False, ema: bool = False) -> 
                                     'or give the workdir of a trained run.')
     return checkpointer.restore_params(fall_back=fall_back,
                                        item='ema_params' if ema else 'params')
-
-
-def _unfinished_saves(directory: str) -> list[int]:
-  """The steps of orbax's temporary directories (STEP.orbax-checkpoint-tmp...) in a local
-  `directory`: saves that never finished."""
-  if files.is_remote(directory) or not os.path.isdir(directory):
-    return []
-  found = (re.match(r'(\d+)\.orbax-checkpoint-tmp', name) for name in os.listdir(directory))
-  return sorted(int(match.group(1)) for match in found if match)
 
 
 def _read_groups(items: dict) -> list[list[str]]:
@@ -149,13 +139,21 @@ class Checkpointer:
       self._mirror = checkpoint_mirror.Mirror(self.directory)
       managed = self._mirror.local
     self._managed = managed
-    # Saves that a run ended in the middle of (killed): training's manager removes them.
-    self.unfinished_steps = [] if read_only else _unfinished_saves(managed)
+    if not read_only and not files.is_remote(managed) and os.path.isdir(managed):
+      self._say_unfinished_saves(os.listdir(managed))  # The manager below removes them.
     orbax_errors.quiet()
     self._manager = ocp.CheckpointManager(
         managed, item_handlers=ocp.StandardCheckpointHandler(),
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=not read_only,
                                              cleanup_tmp_directories=not read_only))
+
+  def _say_unfinished_saves(self, names: list[str]):
+    """One line for the saves a run ended in the middle of (killed), if any."""
+    steps = sorted(int(name.split('.')[0]) for name in names if re.match(rf'\d+{_TMP}', name))
+    if steps:
+      saves = 'save of step' if len(steps) == 1 else 'saves of steps'
+      progress.log(f'Removed the unfinished {saves} {", ".join(map(str, steps))} in '
+                   f'{self.directory} (the run that wrote it ended while saving).')
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -231,7 +229,7 @@ class Checkpointer:
   def _failed_save(self, step: int, error: BaseException):
     """Removes the half-written step and raises one line about it."""
     for name in (os.listdir(self._managed) if not files.is_remote(self._managed) else []):
-      if name.startswith(f'{step}.orbax-checkpoint-tmp') or name == str(step):
+      if name.startswith(f'{step}{_TMP}') or name == str(step):
         shutil.rmtree(os.path.join(self._managed, name), ignore_errors=True)
     self._unverified = None
     self._manager.reload()

@@ -205,10 +205,6 @@ def train(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dict:
   rng = jax.random.PRNGKey(config.seed)
   target, shardings = abstract_state(task, tx, mesh, config)
   checkpointer = checkpointing.Checkpointer(workdir, keep=config.keep_checkpoints)
-  if unfinished := checkpointer.unfinished_steps:
-    saves = 'save of step' if len(unfinished) == 1 else 'saves of steps'
-    progress.log(f'Removed the unfinished {saves} {", ".join(map(str, unfinished))} in '
-                 f'{checkpointer.directory} (the run that wrote it ended while saving).')
 
   start_step = checkpointer.latest_step()
   if start_step is not None:
