@@ -9,7 +9,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from helpers import override, user_error
+from helpers import NATIVE_WARNING, override, user_error
 
 from vit_jax import main, models, weights
 from vit_jax.train import config as config_lib
@@ -160,6 +160,7 @@ def test_a_mistake_is_one_line(case, workdirs):
   assert out.returncode != 0
   line = user_error(out.stderr)
   assert re.search(expected, line), line
+  assert not NATIVE_WARNING.search(out.stderr), out.stderr  # No C++ log line before it.
   assert not list(workdirs.glob('new/checkpoints/[0-9]*'))  # Nothing was trained.
   assert not (workdirs / 'new_student').exists()  # Found while building the task: no workdir.
 

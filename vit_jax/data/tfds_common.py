@@ -14,14 +14,20 @@ from typing import Callable
 
 import ml_collections
 
-from vit_jax import errors, progress
+from vit_jax import errors, progress, remote_files
 
 
 def suggestion(name: str) -> str:
-  """' Close TFDS names: a, b.' for a dataset name that TFDS does not know, or ''."""
+  """' Close TFDS names: a, b.' for a dataset name that TFDS does not know, or ''.
+
+  TFDS lists its community datasets from a public GCS bucket, which needs no credentials:
+  TensorFlow's warning that it found none is left out.
+  """
   import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
   base_name = name.split('/')[0].split(':')[0]  # Without '/config' or ':version'.
-  close = difflib.get_close_matches(base_name, tfds.list_builders(), n=5, cutoff=0.6)
+  with remote_files.without_credentials_warning():
+    known = tfds.list_builders()
+  close = difflib.get_close_matches(base_name, known, n=5, cutoff=0.6)
   return f' Close TFDS names: {", ".join(close)}.' if close else ''
 
 
