@@ -163,8 +163,8 @@ class SentencePieceTokenizer:
           num_threads=_SENTENCEPIECE_THREADS, minloglevel=2)
     except RuntimeError as e:
       raise errors.ConfigError(f'SentencePiece could not train a {vocab_size}-piece vocabulary on '
-                               f'{len(texts)} training sentences: {e}. Set config.data.vocab_size '
-                               'lower (or use more training text).') from e
+                               f'{len(texts)} training sentences: {str(e).rstrip(". ")}. Set '
+                               'config.data.vocab_size lower (or use more training text).') from e
     return cls(model.getvalue())
 
   def encode(self, text: str) -> list[int]:
