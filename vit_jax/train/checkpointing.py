@@ -67,8 +67,7 @@ def check_shapes(stored, expected, what: str,
                  advice: str = 'Use a new --workdir, or the config that wrote it.'):
   """Raises a ConfigError naming the first parameters whose shapes differ (trees of arrays or
   of their shapes); `what` names the stored ones."""
-  flat_expected = weights.flatten_params(expected)
-  flat_stored = weights.flatten_params(stored)
+  flat_expected, flat_stored = weights.flatten_params(expected), weights.flatten_params(stored)
   shape = lambda flat, name: tuple(flat[name].shape) if name in flat else None  # noqa: E731
   mismatched = []
   for name in sorted(set(flat_expected) | set(flat_stored)):
@@ -149,7 +148,8 @@ class Checkpointer:
 
   def _say_unfinished_saves(self, names: list[str]):
     """One line for the saves a run ended in the middle of (killed), if any."""
-    steps = sorted(int(name.split('.')[0]) for name in names if re.match(rf'\d+{_TMP}', name))
+    matches = map(re.compile(rf'(\d+){re.escape(_TMP)}').match, names)
+    steps = sorted(int(match[1]) for match in matches if match)
     if steps:
       saves = 'save of step' if len(steps) == 1 else 'saves of steps'
       progress.log(f'Removed the unfinished {saves} {", ".join(map(str, steps))} in '
@@ -325,10 +325,9 @@ class Checkpointer:
   def _first_readable(self, read, step: int | None, fall_back: bool, move_aside: bool):
     steps = sorted(self._manager.all_steps(), reverse=True)
     latest_asked = step is None
-    if step is None:
-      step = steps[0] if steps else None
-    if step is None:
+    if latest_asked and not steps:
       raise errors.MissingFileError(f'No checkpoint in {self.directory}.')
+    step = steps[0] if latest_asked else step
     candidates = [s for s in steps if s <= step] or [step]
     problems = []
     for i, candidate in enumerate(candidates):
