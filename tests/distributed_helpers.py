@@ -5,7 +5,8 @@ import os
 import socket
 import subprocess
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from helpers import REPO
+
 TIMEOUT = 300  # Seconds; a guard against hangs, far above what a run takes.
 
 
