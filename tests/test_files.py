@@ -3,6 +3,7 @@ local. TensorFlow's in-memory `ram://` filesystem stands in for gs:// and s3:// 
 network, and lives as long as the process, so the runs share this test's process)."""
 
 import errno
+import gc
 import http.server
 import io
 import json
@@ -10,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 
@@ -42,7 +44,9 @@ def ram():
     tf.io.gfile.rmtree(root)
 
 
-def test_train_resume_evaluate_and_predict_with_a_remote_workdir(ram, capsys):
+def test_train_resume_evaluate_and_predict_with_a_remote_workdir(ram, capsys, tmp_path,
+                                                                 monkeypatch):
+  monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))  # Where local copies are made.
   workdir = f'{ram}/runs/digits'
   first = main.run(tiny_config(), workdir)
   assert first['num_examples'] == 360
@@ -75,6 +79,12 @@ def test_train_resume_evaluate_and_predict_with_a_remote_workdir(ram, capsys):
   written = [json.loads(line) for line in files.read_text(f'{ram}/top.jsonl').splitlines()]
   assert written == results
   assert all(len(r['predictions']) == 5 for r in results)
+
+  # A run that fails after reading the checkpoints leaves no local copy of them behind either.
+  with pytest.raises(errors.ConfigError, match='hidden_size|shape'):
+    main.run(tiny_config(total_steps=20, **{'model.hidden_size': 16}), workdir)
+  gc.collect()
+  assert not list(tmp_path.glob('vit_jax_checkpoints_*'))
 
 
 def test_fine_tune_from_a_remote_npz(ram):

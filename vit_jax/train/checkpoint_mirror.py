@@ -4,6 +4,7 @@ import os
 import re
 import shutil
 import tempfile
+import weakref
 
 import jax
 
@@ -16,7 +17,9 @@ class Mirror:
   """A local copy of a remote checkpoint directory, for filesystems orbax cannot write.
 
   Holds the remote's uploaded steps; `sync` uploads the steps orbax has completed since
-  and removes the remote steps orbax has deleted. One process only.
+  and removes the remote steps orbax has deleted. One process only. The local copy is
+  removed by `close`, or else when the Mirror is collected or the process exits (a run that
+  failed after reading the checkpoints).
   """
 
   def __init__(self, remote: str):
@@ -26,6 +29,7 @@ class Mirror:
           f'{jax.process_count()} processes put the workdir on a shared local path or gs://.')
     self.remote = remote
     self.local = tempfile.mkdtemp(prefix='vit_jax_checkpoints_')
+    self._remove_local = weakref.finalize(self, shutil.rmtree, self.local, ignore_errors=True)
     for step in self._remote_steps():
       files.copy_tree(files.join(remote, str(step)), os.path.join(self.local, str(step)))
 
@@ -49,4 +53,4 @@ class Mirror:
       files.remove_tree(files.join(self.remote, str(step)))
 
   def close(self):
-    shutil.rmtree(self.local, ignore_errors=True)
+    self._remove_local()
