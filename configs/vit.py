@@ -5,7 +5,8 @@ python -m vit_jax.main --config=configs/vit.py:ViT-B_16,cifar10 --workdir=runs/b
 python -m vit_jax.main --config=configs/vit.py:ViT-S_16,data/my_images --workdir=runs/mine
 The argument is MODEL,DATASET: a registry name and a TFDS name, an image folder
 DIR/{train,test}/<class>/*.{jpg,png}, or 'synthetic' (random batches of ImageNet's shape, made
-without TensorFlow, for timing the trainer).
+without TensorFlow, for timing the trainer; its test split has ImageNet's 50,000 images, which
+the final evaluation reads: for a short run on a CPU set --config.data.synthetic_test_examples).
 Defaults follow the ViT paper's fine-tuning recipe (SGD with momentum, cosine decay).
 """
 
