@@ -36,6 +36,7 @@ _ITEM = 'default'  # The directory of the state in each step's directory (orbax'
 _READ_GROUPS = 16
 _MIN_READ_GROUP_BYTES = 16 * 2**20
 _TMP = '.orbax-checkpoint-tmp'  # STEP + _TMP...: orbax's directory of a save being written.
+_UNFINISHED = re.compile(rf'(\d+){re.escape(_TMP)}')  # Its step, from such a directory's name.
 _ASIDE = 'unreadable-{step}'  # Where training moves a checkpoint it cannot read.
 # How the config asks readers other than training to take an older readable checkpoint.
 FALL_BACK_HINT = '--config.checkpoint_fallback=True'
@@ -148,8 +149,7 @@ class Checkpointer:
 
   def _say_unfinished_saves(self, names: list[str]):
     """One line for the saves a run ended in the middle of (killed), if any."""
-    matches = map(re.compile(rf'(\d+){re.escape(_TMP)}').match, names)
-    steps = sorted(int(match[1]) for match in matches if match)
+    steps = sorted(int(match[1]) for match in map(_UNFINISHED.match, names) if match)
     if steps:
       saves = 'save of step' if len(steps) == 1 else 'saves of steps'
       progress.log(f'Removed the unfinished {saves} {", ".join(map(str, steps))} in '
