@@ -2,6 +2,7 @@
 
 import pytest
 
+from vit_jax import errors
 from vit_jax.data import make_corpus
 
 
@@ -58,6 +59,13 @@ def test_mistakes_are_one_line_errors(tmp_path, capsys):
   assert make_corpus.main(['--out', f'{out}/train.src/x', '--train_pairs', '5']) == 1
   assert capsys.readouterr().err == (f'error: Cannot write {out}/train.src/x: Not a directory; '
                                      'choose a path in a directory you can write to.\n')
+
+
+def test_an_out_the_filesystem_refuses_is_a_user_error_in_python_too(tmp_path):
+  (tmp_path / 'file').write_text('')
+  out = f'{tmp_path}/file/corpus'
+  with pytest.raises(errors.UserError, match=f'^Cannot write {out}: Not a directory; choose'):
+    make_corpus.make(out, train_pairs=5, test_pairs=2)
 
 
 @pytest.mark.parametrize('count', ['-3', 'many'])

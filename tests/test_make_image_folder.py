@@ -64,6 +64,17 @@ def test_an_existing_folder_is_kept_unless_overwrite(tmp_path):
   assert len(list((tmp_path / 'train').glob('*/*.png'))) == 4
 
 
+def test_an_out_the_filesystem_refuses_is_a_one_line_error(tmp_path, capsys):
+  (tmp_path / 'file').write_text('')
+  out = f'{tmp_path}/file/images'
+  message = f'Cannot write {out}: Not a directory; choose a path in a directory you can write to.'
+  with pytest.raises(errors.UserError) as raised:
+    make_image_folder.make(out, train_size=3, test_size=2)
+  assert str(raised.value) == message
+  assert make_image_folder.main([f'--out={out}', '--train_size=3', '--test_size=2']) == 1
+  assert capsys.readouterr().err == f'error: {message}\n'
+
+
 @pytest.mark.parametrize('flag,message', [
     ('--train_size=0', '--train_size=0: expected an integer >= 1.'),
     ('--size=4', '--size=4: expected an integer >= 8.'),

@@ -118,7 +118,8 @@ def pairs(train_pairs: int, test_pairs: int, seed: int) -> dict[str, list[tuple[
 
 def make(out: str, train_pairs: int = 29_000, test_pairs: int = 1_000, seed: int = 0,
          overwrite: bool = False) -> list[str]:
-  """Writes the four files and returns their paths; a bad value raises a UserError."""
+  """Writes the four files and returns their paths; a bad value, or an OUT the filesystem
+  refuses (a file in its path, no access, a full disk), raises a UserError."""
   for name, value in (('train_pairs', train_pairs), ('test_pairs', test_pairs)):
     if value < 1:
       raise errors.ConfigError(f'--{name}={value}: expected an integer >= 1.')
@@ -127,12 +128,15 @@ def make(out: str, train_pairs: int = 29_000, test_pairs: int = 1_000, seed: int
   if existing and not overwrite:
     raise errors.ConfigError(f'{existing[0]} already exists: pass --overwrite to replace it, '
                              'or choose another --out.')
-  os.makedirs(out, exist_ok=True)
   made = pairs(train_pairs, test_pairs, seed)
-  for split in SPLITS:
-    for side, index in (('src', 0), ('tgt', 1)):
-      with open(os.path.join(out, f'{split}.{side}'), 'w', encoding='utf-8') as f:
-        f.writelines(pair[index] + '\n' for pair in made[split])
+  try:
+    os.makedirs(out, exist_ok=True)
+    for split in SPLITS:
+      for side, index in (('src', 0), ('tgt', 1)):
+        with open(os.path.join(out, f'{split}.{side}'), 'w', encoding='utf-8') as f:
+          f.writelines(pair[index] + '\n' for pair in made[split])
+  except OSError as error:
+    raise files.cannot_write(out, error) from None
   return paths
 
 
@@ -149,11 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   try:
     make(args.out, args.train_pairs, args.test_pairs, args.seed, args.overwrite)
-  except errors.UserError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 1
-  except OSError as e:  # The filesystem refused OUT (a file in its path, no access, full).
-    print(f'error: {files.cannot_write(args.out, e)}', file=sys.stderr)
+  except errors.UserError as error:
+    print(f'error: {error}', file=sys.stderr)
     return 1
   print(f'Wrote {args.train_pairs} train and {args.test_pairs} test sentence pairs to '
         f'{args.out}/{{train,test}}.{{src,tgt}}')

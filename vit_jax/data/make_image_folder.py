@@ -57,7 +57,8 @@ def write_split(folder: str, images: np.ndarray, labels: np.ndarray, count: int,
 
 def make(out: str, size: int = 32, train_size: int = 5000, test_size: int = 1000,
          seed: int = 0, overwrite: bool = False):
-  """Writes the folder; a bad value or an existing OUT/train or OUT/test raises a UserError."""
+  """Writes the folder; a bad value, an existing OUT/train or OUT/test, or an OUT the
+  filesystem refuses (a file in its path, no access, a full disk) raises a UserError."""
   for name, value, low in (('size', size, 8), ('train_size', train_size, 1),
                            ('test_size', test_size, 1)):
     if value < low:
@@ -67,14 +68,17 @@ def make(out: str, size: int = 32, train_size: int = 5000, test_size: int = 1000
   if existing and not overwrite:
     raise errors.ConfigError(f'{existing[0]} already exists: pass --overwrite to replace '
                              f'{" and ".join(existing)}, or choose another --out.')
-  for path in existing:
-    shutil.rmtree(path)
   originals = digits.splits(seed)
-  for index, (split, count) in enumerate((('train', train_size), ('test', test_size))):
-    images, labels = originals[split]
-    # A generator per split: the test images are the same whatever --train_size is.
-    rng = np.random.default_rng([seed, index])
-    write_split(os.path.join(out, split), images, labels, count, size, rng)
+  try:
+    for path in existing:
+      shutil.rmtree(path)
+    for index, (split, count) in enumerate((('train', train_size), ('test', test_size))):
+      images, labels = originals[split]
+      # A generator per split: the test images are the same whatever --train_size is.
+      rng = np.random.default_rng([seed, index])
+      write_split(os.path.join(out, split), images, labels, count, size, rng)
+  except OSError as error:
+    raise files.cannot_write(out, error) from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -93,11 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   args = parser.parse_args(argv)
   try:
     make(args.out, args.size, args.train_size, args.test_size, args.seed, args.overwrite)
-  except errors.UserError as e:
-    print(f'error: {e}', file=sys.stderr)
-    return 1
-  except OSError as e:  # The filesystem refused OUT (a file in its path, no access, full).
-    print(f'error: {files.cannot_write(args.out, e)}', file=sys.stderr)
+  except errors.UserError as error:
+    print(f'error: {error}', file=sys.stderr)
     return 1
   print(f'Wrote {args.train_size} train and {args.test_size} test images '
         f'({args.size}x{args.size}, 10 classes) to {args.out}')
