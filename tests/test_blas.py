@@ -60,11 +60,50 @@ def test_dot_general_handles_dense_general_products():
   assert _ffi_calls(lambda x, k: blas.dot_general(x, k, dims), x, kernel) == 1
 
 
-@pytest.mark.parametrize('case', ['batch dims', 'bfloat16', 'leading contraction'])
+@pytest.mark.skipif(not BLAS.bf16_symbol, reason=f'{BLAS.name} has no bfloat16 gemm')
+def test_bfloat16_matmul_and_its_gradients_match_xla():
+  a, b = _random(37, 19).astype(jnp.bfloat16), _random(19, 23).astype(jnp.bfloat16)
+  got = jax.jit(blas.matmul)(a, b)
+  assert got.dtype == jnp.bfloat16
+  # Both accumulate in float32 and round once: at most one bfloat16 step apart.
+  want = jnp.matmul(a, b)
+  np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2 ** -7,
+                             atol=1e-2)
+  loss = lambda f: (lambda a, b: jnp.sum(jnp.sin(f(a, b).astype(jnp.float32))))  # noqa: E731
+  ours = jax.jit(jax.grad(loss(blas.matmul), argnums=(0, 1)))(a, b)
+  ref = jax.jit(jax.grad(loss(jnp.matmul), argnums=(0, 1)))(a, b)
+  for got, want in zip(ours, ref):
+    assert got.dtype == jnp.bfloat16
+    scale = float(jnp.abs(want.astype(jnp.float32)).max())
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32),
+                               atol=2 ** -6 * scale)
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss(blas.matmul), argnums=(0, 1)))(a, b))
+  assert jaxpr.count(blas.GEMM_BF16_TARGET) == 3 and 'dot_general' not in jaxpr
+
+
+@pytest.mark.skipif(not BLAS.bf16_symbol, reason=f'{BLAS.name} has no bfloat16 gemm')
+def test_a_bfloat16_vit_on_blas_matches_xla():
+  model = models.get_model('ViT-testing', num_classes=5, dtype=jnp.bfloat16)
+  images = _random(2, 16, 16, 3)
+  params = jax.jit(model.init)(jax.random.PRNGKey(0), images)['params']
+  params['head']['kernel'] = _random(*params['head']['kernel'].shape)
+  apply = lambda p: model.apply({'params': p}, images)  # noqa: E731
+  got, want = jax.jit(_on_blas(apply))(params), jax.jit(apply)(params)
+  # bfloat16 rounding (8 bits) in another order through the layers: a few steps of the
+  # largest logit's.
+  got, want = got.astype(np.float32), want.astype(np.float32)
+  np.testing.assert_allclose(got, want, atol=2 ** -6 * float(np.abs(want).max()))
+  jaxpr = str(jax.make_jaxpr(_on_blas(apply))(params))
+  # Every Dense product (q, k, v, out, 2 MLP per block; the head) on the BLAS, and attention.
+  assert jaxpr.count(blas.GEMM_BF16_TARGET) == 6 * model.num_layers + 1
+  assert blas.ATTENTION_INFERENCE_TARGET in jaxpr
+
+
+@pytest.mark.parametrize('case', ['batch dims', 'mixed bfloat16', 'leading contraction'])
 def test_dot_general_leaves_other_products_to_xla(case):
   if case == 'batch dims':
     lhs, rhs, dims = _random(2, 3, 4), _random(2, 4, 5), (((2,), (1,)), ((0,), (0,)))
-  elif case == 'bfloat16':
+  elif case == 'mixed bfloat16':
     lhs, rhs, dims = _random(3, 4).astype(jnp.bfloat16), _random(4, 5), (((1,), (0,)), ((), ()))
   else:
     lhs, rhs, dims = _random(4, 3), _random(4, 5), (((0,), (0,)), ((), ()))
@@ -102,8 +141,11 @@ def test_vit_with_blas_matches_xla_forward_and_gradients():
   assert _ffi_calls(loss, params) == 0
 
 
-def test_flops_of_blas_products_count_like_xla():
-  model = models.get_model('ViT-testing', num_classes=5)
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_flops_of_blas_products_count_like_xla(dtype):
+  if dtype == jnp.bfloat16 and not BLAS.bf16_symbol:
+    pytest.skip(f'{BLAS.name} has no bfloat16 gemm')
+  model = models.get_model('ViT-testing', num_classes=5, dtype=dtype)
   images = jnp.zeros((2, 16, 16, 3))
   params = jax.eval_shape(model.init, jax.random.PRNGKey(0), images)['params']  # Only traced.
 
@@ -123,7 +165,6 @@ def test_flops_of_blas_products_count_like_xla():
 def test_resolve_matmul():
   assert blas.resolve_matmul('xla') == 'xla'
   assert blas.resolve_matmul('blas') == 'blas'
-  assert blas.resolve_matmul('auto', dtype=jnp.bfloat16) == 'xla'
   with pytest.raises(ValueError, match="Unknown matmul implementation 'mkl'"):
     blas.resolve_matmul('mkl')
   with pytest.raises(ValueError, match='Unknown matmul'):
@@ -149,6 +190,7 @@ def test_explicit_blas_on_another_backend_says_it_runs_on_cpus(monkeypatch):
 def test_auto_puts_products_and_attention_where_they_were_measured_faster(
     monkeypatch, vendor, blas_name, matmul, expected):
   monkeypatch.setattr(blas, '_cpu_vendor', lambda: vendor)
+  monkeypatch.setattr(blas, '_cpu_has_amx', lambda: False)
   monkeypatch.setattr(blas, '_mkl_found', lambda: blas_name == 'mkl')
 
   def load():
@@ -166,8 +208,34 @@ def test_auto_puts_products_and_attention_where_they_were_measured_faster(
   assert resolved == expected
   assert (blas.GEMM_TARGET in jaxpr) == (expected[0] == 'blas')
   assert (blas.ATTENTION_INFERENCE_TARGET in jaxpr) == (expected[1] == 'blas')
-  with kernels.use('auto'):  # Bfloat16 stays on XLA everywhere.
+  with kernels.use('auto'):  # Bfloat16 stays on XLA on CPUs without AMX (next test).
     assert not blas.attention_on_blas('auto', dtype=jnp.bfloat16)
+
+
+@pytest.mark.parametrize('vendor, amx, bf16_gemm, expected', [
+    ('GenuineIntel', True, True, ('blas', 'blas')),  # AMX: bfloat16 on MKL, attention too.
+    ('GenuineIntel', False, True, ('xla', 'head_major')),  # Measured only with AMX.
+    ('GenuineIntel', True, False, ('xla', 'head_major')),  # An MKL without the bf16 gemm.
+    ('AuthenticAMD', False, True, ('xla', 'head_major')),  # No AMX there.
+])
+def test_auto_runs_bfloat16_on_mkl_where_the_cpu_has_amx(monkeypatch, vendor, amx, bf16_gemm,
+                                                          expected):
+  monkeypatch.setattr(blas, '_cpu_vendor', lambda: vendor)
+  monkeypatch.setattr(blas, '_cpu_has_amx', lambda: amx)
+  monkeypatch.setattr(blas, '_mkl_found', lambda: True)
+  loaded = BLAS._replace(name='mkl', bf16_symbol='cblas_gemm_bf16bf16f32_64' if bf16_gemm else None)
+  monkeypatch.setattr(blas, '_load', lambda: (loaded, None))
+  model = models.get_model('ViT-testing', num_classes=10, dtype=jnp.bfloat16)
+  images = _random(2, 16, 16, 3)
+  params = model.init(jax.random.key(0), images)['params']
+  with kernels.use('auto'):
+    resolved = (blas.resolve_matmul('auto', dtype=jnp.bfloat16),
+                models.resolve_attention_impl('auto', backend='cpu', dtype=jnp.bfloat16))
+    jaxpr = str(jax.make_jaxpr(lambda p: model.apply({'params': p}, images))(params))
+  assert resolved == expected
+  assert (blas.GEMM_BF16_TARGET in jaxpr) == (expected[0] == 'blas')
+  assert (blas.ATTENTION_INFERENCE_TARGET in jaxpr) == (expected[1] == 'blas')
+  assert blas.resolve_matmul('auto') == ('blas' if vendor == 'GenuineIntel' else 'xla')
 
 
 def test_without_a_blas_auto_falls_back_and_blas_says_why(tmp_path):

@@ -79,7 +79,7 @@ def _jaxpr_flops(jaxpr) -> int:
       total += _dot_general_flops(eqn)
     elif name == 'conv_general_dilated':
       total += _conv_flops(eqn)
-    elif name == 'ffi_call' and eqn.params['target_name'] == blas.GEMM_TARGET:
+    elif name == 'ffi_call' and eqn.params['target_name'] in blas.GEMM_TARGETS:
       total += _blas_gemm_flops(eqn)
     elif name == 'ffi_call' and eqn.params['target_name'] in blas.ATTENTION_TARGETS:
       total += _blas_attention_flops(eqn)

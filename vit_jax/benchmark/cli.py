@@ -142,8 +142,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
   parser.add_argument('--attention', default='auto', choices=ATTENTION_IMPLEMENTATIONS,
                       help="attention kernel; 'auto' picks the backend's fastest")
   parser.add_argument('--matmul', default='auto', choices=blas.MATMUL_IMPLEMENTATIONS,
-                      help="float32 Dense products: XLA's kernels, a BLAS (MKL/OpenBLAS), "
-                      "or 'auto' (MKL on Intel CPUs; on AMD, attention alone on MKL)")
+                      help="Dense products: XLA's kernels, a BLAS (MKL/OpenBLAS; bfloat16 on "
+                      "MKL only), or 'auto' (MKL on Intel CPUs, for bfloat16 where they have "
+                      "AMX; on AMD, float32 attention alone on MKL)")
   parser.add_argument('--dropout-masks', default='hash', choices=kernels.DROPOUT_MASKS,
                       help="dropout's random masks: a counter hash, or jax.random.bernoulli "
                       '(threefry)')

@@ -13,12 +13,19 @@ constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
 using Sgemm = void (*)(int, int, int, int64_t, int64_t, int64_t, float,
                        const float*, int64_t, const float*, int64_t, float,
                        float*, int64_t);
+// cblas_gemm_bf16bf16f32(layout, trans_a, trans_b, m, n, k, alpha, a, lda, b,
+// ldb, beta, c, ldc): bfloat16 operands (their bits), float32 accumulation and
+// result (MKL has it; on CPUs with AMX it runs on the tile units).
+using GemmBf16 = void (*)(int, int, int, int64_t, int64_t, int64_t, float,
+                          const uint16_t*, int64_t, const uint16_t*, int64_t,
+                          float, float*, int64_t);
 // MKL_Set_Num_Threads_Local: threads of this thread's BLAS calls; returns the
 // previous setting (0: the global one).
 using SetThreadsLocal = int (*)(int);
 
 extern Sgemm sgemm;                        // Required.
 extern SetThreadsLocal set_threads_local;  // Optional (MKL has it).
+extern GemmBf16 gemm_bf16;                 // Optional (MKL has it).
 
 // Row-major C = alpha op(A) op(B) + beta C.
 inline void Gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,

@@ -48,6 +48,8 @@ MATMUL_IMPLEMENTATIONS = ('auto', 'xla', 'blas')
 SOURCES = ('gemm.cc', 'attention.cc')
 HEADERS = ('blas.h',)
 GEMM_TARGET = 'vit_jax_gemm_f32'
+GEMM_BF16_TARGET = 'vit_jax_gemm_bf16'  # bfloat16 operands, float32 result (MKL only).
+GEMM_TARGETS = (GEMM_TARGET, GEMM_BF16_TARGET)
 ATTENTION_FORWARD_TARGET = 'vit_jax_attention_fwd_f32'  # Also returns the weights.
 ATTENTION_INFERENCE_TARGET = 'vit_jax_attention_f32'  # Forward only: no weights kept.
 ATTENTION_BACKWARD_TARGET = 'vit_jax_attention_bwd_f32'
@@ -64,10 +66,12 @@ class Blas(NamedTuple):
   path: str  # The shared library.
   sgemm_symbol: str  # Its ILP64 CBLAS sgemm.
   threads_symbol: str | None = None  # Sets this thread's BLAS threads (MKL).
+  bf16_symbol: str | None = None  # Its ILP64 bfloat16 x bfloat16 -> float32 gemm (MKL).
 
 
 def _mkl(path: str) -> Blas:
-  return Blas('mkl', path, 'cblas_sgemm_64', 'MKL_Set_Num_Threads_Local')
+  return Blas('mkl', path, 'cblas_sgemm_64', 'MKL_Set_Num_Threads_Local',
+              'cblas_gemm_bf16bf16f32_64')
 
 
 def _openblas(path: str) -> Blas:  # The build inside NumPy's wheels (symbols prefixed).
@@ -103,6 +107,8 @@ def _find_blas() -> tuple[Blas, ctypes.CDLL]:
       getattr(library, blas.sgemm_symbol)
       if blas.threads_symbol and not hasattr(library, blas.threads_symbol):
         blas = blas._replace(threads_symbol=None)
+      if blas.bf16_symbol and not hasattr(library, blas.bf16_symbol):
+        blas = blas._replace(bf16_symbol=None)
       return blas, library
     except (OSError, AttributeError) as error:
       tried.append(f'{blas.path}: {error}')
@@ -177,8 +183,9 @@ def _load() -> tuple[Blas | None, str | None]:
                                  [os.path.join(here, h) for h in HEADERS]))
     pointer = lambda symbol: ctypes.cast(  # noqa: E731
         getattr(blas_library, symbol) if symbol else None, ctypes.c_void_p)
-    kernels.vit_jax_set_blas(pointer(blas.sgemm_symbol), pointer(blas.threads_symbol))
-    handlers = {GEMM_TARGET: kernels.VitJaxGemmF32,
+    kernels.vit_jax_set_blas(pointer(blas.sgemm_symbol), pointer(blas.threads_symbol),
+                             pointer(blas.bf16_symbol))
+    handlers = {GEMM_TARGET: kernels.VitJaxGemmF32, GEMM_BF16_TARGET: kernels.VitJaxGemmBf16,
                 ATTENTION_FORWARD_TARGET: kernels.VitJaxAttentionForwardF32,
                 ATTENTION_INFERENCE_TARGET: kernels.VitJaxAttentionInferenceF32,
                 ATTENTION_BACKWARD_TARGET: kernels.VitJaxAttentionBackwardF32}
@@ -225,23 +232,39 @@ def _cpu_vendor() -> str:
   return ''
 
 
+@functools.cache
+def _cpu_has_amx() -> bool:
+  """Whether the CPU multiplies bfloat16 matrices on AMX tiles (its flags say amx_bf16)."""
+  try:
+    with open('/proc/cpuinfo') as f:
+      return any(line.startswith('flags') and 'amx_bf16' in line.split() for line in f)
+  except OSError:
+    return False
+
+
 def _auto_runs_mkl(dtype, vendor: str) -> bool:
-  """Whether 'auto' may run MKL here: float32 on a single CPU device of `vendor`, with MKL
-  installed (found first, so that nothing is built without it)."""
-  if jnp.dtype(dtype) != jnp.float32 or _cpu_vendor() != vendor:
+  """Whether 'auto' may run MKL here: on a single CPU device of `vendor`, with MKL installed
+  (found first, so that nothing is built without it), float32, or bfloat16 where the CPU has
+  AMX and MKL its bfloat16 gemm."""
+  dtype = jnp.dtype(dtype)
+  if dtype not in (jnp.float32, jnp.bfloat16) or _cpu_vendor() != vendor:
+    return False
+  if dtype == jnp.bfloat16 and not _cpu_has_amx():
     return False
   if jax.default_backend() != 'cpu' or jax.device_count() != 1 or not _mkl_found():
     return False
-  return _load()[0] is not None  # MKL's kernels built and loaded.
+  blas = _load()[0]  # MKL's kernels built and loaded.
+  return blas is not None and (dtype == jnp.float32 or blas.bf16_symbol is not None)
 
 
 def resolve_matmul(matmul: str, *, dtype=jnp.float32) -> str:
   """'xla' or 'blas': what the option `matmul` runs here for `dtype` inputs.
 
   'auto' is 'blas' where it was measured faster than XLA: float32 on a single
-  Intel CPU device with MKL installed. Elsewhere (other CPUs, OpenBLAS, several
-  devices, where the FFI call would not be partitioned, GPUs, bfloat16) it is
-  'xla'. 'blas' insists, and raises `KernelUnavailable` if it cannot run.
+  Intel CPU device with MKL installed, and bfloat16 there on CPUs with AMX.
+  Elsewhere (other CPUs, OpenBLAS, several devices, where the FFI call would not
+  be partitioned, GPUs, bfloat16 without AMX) it is 'xla'. 'blas' insists, and
+  raises `KernelUnavailable` if it cannot run.
   """
   if matmul not in MATMUL_IMPLEMENTATIONS:
     raise errors.ConfigError(f'Unknown matmul implementation {matmul!r}; choose one of '
@@ -273,14 +296,24 @@ def _gemm(a: jax.Array, b: jax.Array, transpose_a: bool = False,
   rows = a.shape[1] if transpose_a else a.shape[0]
   cols = b.shape[0] if transpose_b else b.shape[1]
   load()  # Registers the FFI targets (once), or says why they cannot run here.
-  call = jax.ffi.ffi_call(GEMM_TARGET, jax.ShapeDtypeStruct((rows, cols), jnp.float32),
+  target = GEMM_BF16_TARGET if a.dtype == jnp.bfloat16 else GEMM_TARGET
+  call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((rows, cols), jnp.float32),
                           vmap_method='sequential')
-  return call(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+  return call(a, b, transpose_a=transpose_a, transpose_b=transpose_b).astype(a.dtype)
+
+
+def has_bfloat16_products() -> bool:
+  """Whether `matmul` takes bfloat16 operands here (MKL's cblas_gemm_bf16bf16f32)."""
+  return load().bf16_symbol is not None
 
 
 @jax.custom_vjp
 def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
-  """a (M, K) @ b (K, N) in float32 on the BLAS; reverse-mode differentiable."""
+  """a (M, K) @ b (K, N) on the BLAS; reverse-mode differentiable.
+
+  Both float32, or both bfloat16 (where `has_bfloat16_products`): accumulated in float32
+  and rounded to bfloat16, as XLA's bfloat16 products are.
+  """
   return _gemm(a, b)
 
 
@@ -299,7 +332,8 @@ matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
                 preferred_element_type=None, **kwargs) -> jax.Array:
-  """`lax.dot_general` that sends float32 'flatten and multiply' products to the BLAS.
+  """`lax.dot_general` that sends 'flatten and multiply' products to the BLAS: float32, and
+  bfloat16 where `has_bfloat16_products`.
 
   Handled: no batch dimensions, the contracted dimensions are the trailing ones
   of `lhs` and the leading ones of `rhs`, in order (every Dense/DenseGeneral in
@@ -309,9 +343,10 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=Non
   lhs_contract, rhs_contract = tuple(lhs_contract), tuple(rhs_contract)
   count = len(lhs_contract)
   handled = (
-      not lhs_batch and not rhs_batch and not kwargs
-      and lhs.dtype == jnp.float32 and rhs.dtype == jnp.float32
-      and preferred_element_type in (None, jnp.float32)
+      not lhs_batch and not rhs_batch and not kwargs and lhs.dtype == rhs.dtype
+      and preferred_element_type in (None, lhs.dtype)
+      and (lhs.dtype == jnp.float32
+           or (lhs.dtype == jnp.bfloat16 and has_bfloat16_products()))
       and lhs_contract == tuple(range(lhs.ndim - count, lhs.ndim))
       and rhs_contract == tuple(range(count)))
   if not handled:

@@ -3,13 +3,15 @@
 The models of `vit_jax.models` are plain Flax: their Dense layers multiply with XLA,
 attention runs a kernel of `vit_jax.models.attention.KERNELS`, and dropout draws its masks
 with `jax.random.bernoulli`. Importing `vit_jax.kernels` registers one more attention
-kernel, 'blas' (`blas.attention` for unmasked float32 inputs, else 'head_major'), and
+kernel, 'blas' (`blas.attention` for unmasked float32 inputs, and bfloat16 ones in float32,
+else 'head_major'), and
 inside `with use(matmul, dropout):`
 
 - every `nn.Dense` and `nn.DenseGeneral` whose products `matmul` puts on the BLAS
   (`blas.resolve_matmul`) multiplies through `blas.dot_general`;
-- attention 'auto' picks 'blas' for float32 on CPUs where the products are on the BLAS,
-  and on AMD CPUs with MKL, where the products stay on XLA (`blas.attention_on_blas`);
+- attention 'auto' picks 'blas' on CPUs where the products are on the BLAS (float32 on
+  Intel CPUs with MKL, and bfloat16 there with AMX), and for float32 on AMD CPUs with MKL,
+  where the products stay on XLA (`blas.attention_on_blas`);
 - with `dropout='hash'`, every `nn.Dropout` draws its masks from `dropout.bernoulli`
   (a counter hash; the same keep probability, far cheaper than threefry on CPUs).
 
@@ -40,8 +42,8 @@ def use(matmul: str = 'auto', dropout: str = 'hash'):
   """Runs the models traced inside on the fast kernels that the options choose.
 
   Args:
-    matmul: who multiplies float32 Dense layers: 'auto', 'xla' or 'blas'. 'blas' raises
-      `blas.KernelUnavailable` here, with the reason, if it cannot run.
+    matmul: who multiplies float32 (and, with MKL, bfloat16) Dense layers: 'auto', 'xla' or
+      'blas'. 'blas' raises `blas.KernelUnavailable` here, with the reason, if it cannot run.
     dropout: where dropout masks come from: 'hash' (`dropout.bernoulli`) or 'jax'
       (`jax.random.bernoulli`, as plain Flax).
   """
@@ -110,9 +112,16 @@ _DROPOUT_SIGNATURE = inspect.signature(
 
 
 def _blas_attention(query, key, value, mask):
-  """`blas.attention` where it applies (unmasked float32), else head-major attention."""
+  """`blas.attention` where it applies (unmasked), else head-major attention.
+
+  bfloat16 inputs are attended in float32 and the result rounded back: XLA:CPU emulates
+  bfloat16 arithmetic, which makes its bfloat16 attention slower than float32 on the BLAS.
+  """
   if mask is None and query.dtype == jnp.float32:
     return blas.attention(query, key, value)
+  if mask is None and query.dtype == jnp.bfloat16:
+    as_float32 = (x.astype(jnp.float32) for x in (query, key, value))
+    return blas.attention(*as_float32).astype(jnp.bfloat16)
   return attention.head_major_attention(query, key, value, mask)
 
 
@@ -124,5 +133,6 @@ def attention_on_blas(dtype=jnp.float32) -> bool:
 
 attention.register_kernel(
     'blas', _blas_attention,
-    auto_choice=lambda backend, dtype: (backend == 'cpu' and dtype == jnp.float32
+    auto_choice=lambda backend, dtype: (backend == 'cpu'
+                                        and dtype in (jnp.float32, jnp.bfloat16)
                                         and attention_on_blas(dtype)))

@@ -123,9 +123,9 @@ def _common_config(task: str, model: str) -> ml_collections.ConfigDict:
   # 'off', or 'auto': $JAX_COMPILATION_CACHE_DIR, else on accelerators ~/.cache/vit_jax/xla
   # ($XDG_CACHE_HOME's), on CPUs none (see vit_jax.runtime.compilation_cache_dir).
   config.compilation_cache = 'auto'
-  # Float32 Dense layers and attention on CPUs: 'auto' (with MKL installed and one device:
-  # both on MKL on Intel CPUs, attention alone on AMD; else XLA), 'xla', or 'blas'
-  # (see vit_jax.kernels).
+  # Dense layers and attention on CPUs: 'auto' (with MKL installed and one device: both on
+  # MKL on Intel CPUs, in float32, and in bfloat16 where the CPU has AMX; float32 attention
+  # alone on AMD; else XLA), 'xla', or 'blas' (see vit_jax.kernels).
   config.matmul = 'auto'
   # Dropout's random masks: 'hash' (a counter hash, far cheaper than threefry on CPUs) or
   # 'jax' (jax.random.bernoulli, as plain Flax); see vit_jax.kernels.dropout.
