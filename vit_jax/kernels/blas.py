@@ -128,14 +128,26 @@ def _mkl_found() -> bool:
   return blas.name == 'mkl'
 
 
-def _cpu_signature() -> str:
-  """What -march=native depends on: the CPU model and its flags."""
+@functools.cache
+def _cpuinfo() -> dict[str, str]:
+  """The first processor's fields in /proc/cpuinfo ('vendor_id', 'model name', 'flags', ...);
+  empty where it cannot be read."""
+  fields = {}
   try:
     with open('/proc/cpuinfo') as f:
-      lines = [line for line in f if line.startswith(('model name', 'flags'))][:2]
+      for line in f:
+        if not line.strip():  # The first processor ends here.
+          break
+        name, _, value = line.partition(':')
+        fields[name.strip()] = value.strip()
   except OSError:
-    lines = []
-  return platform.machine() + ''.join(lines)
+    pass
+  return fields
+
+
+def _cpu_signature() -> str:
+  """What -march=native depends on: the CPU model and its flags."""
+  return platform.machine() + _cpuinfo().get('model name', '') + _cpuinfo().get('flags', '')
 
 
 def _build(sources: list[str], headers: Sequence[str] = ()) -> str:
@@ -219,27 +231,14 @@ def load() -> Blas:
   return blas
 
 
-@functools.cache
 def _cpu_vendor() -> str:
   """The CPU's vendor_id ('GenuineIntel', 'AuthenticAMD'), or '' where it cannot be read."""
-  try:
-    with open('/proc/cpuinfo') as f:
-      for line in f:
-        if line.startswith('vendor_id'):
-          return line.split(':', 1)[1].strip()
-  except OSError:
-    pass
-  return ''
+  return _cpuinfo().get('vendor_id', '')
 
 
-@functools.cache
 def _cpu_has_amx() -> bool:
   """Whether the CPU multiplies bfloat16 matrices on AMX tiles (its flags say amx_bf16)."""
-  try:
-    with open('/proc/cpuinfo') as f:
-      return any(line.startswith('flags') and 'amx_bf16' in line.split() for line in f)
-  except OSError:
-    return False
+  return 'amx_bf16' in _cpuinfo().get('flags', '').split()
 
 
 def _auto_runs_mkl(dtype, vendor: str) -> bool:

@@ -18,50 +18,41 @@ GemmBf16 gemm_bf16 = nullptr;
 using Matrix = ffi::Buffer<ffi::F32, 2>;
 using Bf16Matrix = ffi::Buffer<ffi::BF16, 2>;
 
-struct Sizes {
-  int64_t m, n, k;
-};
+// c (M, N) = op(a) @ op(b) on the registered routine: sgemm for float32
+// operands, gemm_bf16 for bfloat16 ones (their bits); false if none is.
+static bool Multiply(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
+                     const float* a, int64_t lda, const float* b, int64_t ldb, float* c) {
+  if (sgemm == nullptr) return false;
+  Gemm(transpose_a, transpose_b, m, n, k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+  return true;
+}
 
-// The sizes of op(a) (M, K) @ op(b) (K, N), or an error if K differs.
-template <typename A, typename B>
-static ffi::ErrorOr<Sizes> ProductSizes(const A& a, const B& b, bool transpose_a,
-                                        bool transpose_b) {
+static bool Multiply(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
+                     const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float* c) {
+  if (gemm_bf16 == nullptr) return false;
+  gemm_bf16(kRowMajor, transpose_a ? kTrans : kNoTrans, transpose_b ? kTrans : kNoTrans, m, n,
+            k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
+  return true;
+}
+
+// out (M, N) = op(a) @ op(b) in float32; op(a) is (M, K), op(b) is (K, N).
+// Element is the operands' C++ type: float, or uint16_t for bfloat16's bits.
+template <ffi::DataType kType, typename Element>
+static ffi::Error GemmHandler(ffi::Buffer<kType, 2> a, ffi::Buffer<kType, 2> b,
+                              ffi::Result<Matrix> out, bool transpose_a, bool transpose_b) {
   auto a_dims = a.dimensions(), b_dims = b.dimensions();
-  Sizes sizes{transpose_a ? a_dims[1] : a_dims[0], transpose_b ? b_dims[0] : b_dims[1],
-              transpose_a ? a_dims[0] : a_dims[1]};
-  if ((transpose_b ? b_dims[1] : b_dims[0]) != sizes.k) {
-    return ffi::Unexpected(ffi::Error::InvalidArgument("vit_jax gemm: contraction sizes differ"));
+  int64_t m = transpose_a ? a_dims[1] : a_dims[0];
+  int64_t k = transpose_a ? a_dims[0] : a_dims[1];
+  int64_t n = transpose_b ? b_dims[0] : b_dims[1];
+  if ((transpose_b ? b_dims[1] : b_dims[0]) != k) {
+    return ffi::Error::InvalidArgument("vit_jax gemm: contraction sizes differ");
   }
-  return sizes;
-}
-
-// out (M, N) = op(a) @ op(b); op(a) is (M, K), op(b) is (K, N).
-static ffi::Error GemmHandler(Matrix a, Matrix b, ffi::Result<Matrix> out,
-                              bool transpose_a, bool transpose_b) {
-  if (sgemm == nullptr) {
-    return ffi::Error::InvalidArgument("vit_jax: no sgemm was registered");
+  if (!Multiply(transpose_a, transpose_b, m, n, k,
+                reinterpret_cast<const Element*>(a.untyped_data()), a_dims[1],
+                reinterpret_cast<const Element*>(b.untyped_data()), b_dims[1],
+                out->typed_data())) {
+    return ffi::Error::InvalidArgument("vit_jax: no gemm for these operands was registered");
   }
-  auto sizes = ProductSizes(a, b, transpose_a, transpose_b);
-  if (sizes.has_error()) return sizes.error();
-  Gemm(transpose_a, transpose_b, sizes->m, sizes->n, sizes->k, 1.0f, a.typed_data(),
-       a.dimensions()[1], b.typed_data(), b.dimensions()[1], 0.0f, out->typed_data(),
-       sizes->n);
-  return ffi::Error::Success();
-}
-
-// The same with bfloat16 operands; the result is float32.
-static ffi::Error GemmBf16Handler(Bf16Matrix a, Bf16Matrix b, ffi::Result<Matrix> out,
-                                  bool transpose_a, bool transpose_b) {
-  if (gemm_bf16 == nullptr) {
-    return ffi::Error::InvalidArgument("vit_jax: no bfloat16 gemm was registered");
-  }
-  auto sizes = ProductSizes(a, b, transpose_a, transpose_b);
-  if (sizes.has_error()) return sizes.error();
-  gemm_bf16(kRowMajor, transpose_a ? kTrans : kNoTrans, transpose_b ? kTrans : kNoTrans,
-            sizes->m, sizes->n, sizes->k, 1.0f,
-            reinterpret_cast<const uint16_t*>(a.untyped_data()), a.dimensions()[1],
-            reinterpret_cast<const uint16_t*>(b.untyped_data()), b.dimensions()[1], 0.0f,
-            out->typed_data(), sizes->n);
   return ffi::Error::Success();
 }
 
@@ -74,7 +65,7 @@ extern "C" void vit_jax_set_blas(void* sgemm, void* set_threads_local, void* gem
   vit_jax::gemm_bf16 = reinterpret_cast<vit_jax::GemmBf16>(gemm_bf16);
 }
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxGemmF32, vit_jax::GemmHandler,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxGemmF32, (vit_jax::GemmHandler<ffi::F32, float>),
                               ffi::Ffi::Bind()
                                   .Arg<vit_jax::Matrix>()
                                   .Arg<vit_jax::Matrix>()
@@ -82,7 +73,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxGemmF32, vit_jax::GemmHandler,
                                   .Attr<bool>("transpose_a")
                                   .Attr<bool>("transpose_b"));
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxGemmBf16, vit_jax::GemmBf16Handler,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxGemmBf16, (vit_jax::GemmHandler<ffi::BF16, uint16_t>),
                               ffi::Ffi::Bind()
                                   .Arg<vit_jax::Bf16Matrix>()
                                   .Arg<vit_jax::Bf16Matrix>()
