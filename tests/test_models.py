@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from vit_jax import models
+from vit_jax.models import attention, layers
 from vit_jax.models.resnet import StdConv
 
 # Parameter counts of the published models (224x224 input, 1000 classes, no pre-logits).
@@ -222,6 +223,27 @@ def test_bfloat16_attention_and_encoder():
     out = module.clone(dtype=jnp.bfloat16).apply(variables, x.astype(jnp.bfloat16))
     assert out.dtype == jnp.bfloat16, type(module).__name__
     np.testing.assert_allclose(out.astype(jnp.float32), reference, atol=0.1)
+
+
+def test_bfloat16_activations_are_rounded_once():
+  """GELU and ReLU of bfloat16 inputs: the exact value rounded to bfloat16, not a chain of
+  bfloat16 roundings (one after each of the GELU's operations, as XLA:CPU computed it)."""
+  # Below -3, float32 itself loses GELU's tail to cancellation (1 + tanh(...) near 0).
+  inputs = jnp.linspace(-3.0, 6.0, 4097).astype(jnp.bfloat16)
+  x = np.asarray(inputs, np.float64)
+  tanh_gelu = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+  exact = {'gelu': tanh_gelu, 'relu': np.maximum(x, 0.0)}
+  assert set(exact) == set(layers.ACTIVATIONS)
+  for name, values in exact.items():
+    out = jax.jit(layers.activation_fn(name))(inputs)
+    assert out.dtype == jnp.bfloat16, name
+    differ = np.asarray(out != jnp.asarray(values, jnp.float32).astype(jnp.bfloat16))
+    # float32's tanh may land on the other side of a rounding boundary, rarely.
+    assert differ.mean() < 0.01, (name, differ.sum())
+  # Traced for a GPU, XLA keeps the float32 intermediates itself (and may fuse the GELU into
+  # cuBLASLt's epilogue, which explicit conversions prevent): the plain Flax activation.
+  with attention.target_backend('gpu'):
+    assert layers.activation_fn('gelu') is layers.ACTIVATIONS['gelu']
 
 
 def test_unknown_model_name_lists_known_models():

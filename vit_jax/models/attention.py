@@ -77,7 +77,7 @@ def resolve_attention_impl(implementation: str, *, backend: str | None = None,
                              f'choose one of {tuple(ATTENTION_IMPLEMENTATIONS)}.')
   if implementation != 'auto':
     return implementation
-  backend = backend or _TARGET_BACKEND.get() or jax.default_backend()
+  backend = backend or traced_backend()
   for choice in _AUTO_CHOICES:
     kernel = choice(backend, jnp.dtype(dtype))
     if kernel is not None:
@@ -87,6 +87,12 @@ def resolve_attention_impl(implementation: str, *, backend: str | None = None,
   if backend == 'gpu' and jnp.dtype(dtype) in (jnp.float16, jnp.bfloat16):
     return 'cudnn'
   return 'fused'
+
+
+def traced_backend() -> str:
+  """The backend models traced here are for: the one `target_backend` sets, else
+  `jax.default_backend()`."""
+  return _TARGET_BACKEND.get() or jax.default_backend()
 
 
 @contextlib.contextmanager
