@@ -45,6 +45,33 @@ def test_summary_uses_the_gpu_kernels_and_counts_self_time():
       {'dot.2': 0.7, 'while.1': 0.3})
 
 
+def test_host_ops_that_call_a_library_are_named_and_counted_by_their_target():
+  # On CPUs our products and attention on the BLAS are FFI calls: 'other' without the HLO.
+  hlo = (
+      '  %ffi_call.3 = f32[4,8]{1,0} custom-call(%a, %b), custom_call_target="vit_jax_gemm_bf16",'
+      ' operand_layout_constraints={bf16[4,2]{1,0}, bf16[2,8]{1,0}}, api_version=API_VERSION_'
+      'TYPED_FFI, metadata={op_name="jit(f)/Dense_0/ffi_call"}\n'
+      '  ROOT %ffi_call.4 = f32[1,4,2,4]{3,2,1,0} custom-call(%q, %k, %v), custom_call_target='
+      '"vit_jax_attention_f32", api_version=API_VERSION_TYPED_FFI\n'
+      '  %add_fusion.2 = f32[4,8]{1,0} fusion(%ffi_call.3), kind=kLoop, calls=%fused_computation\n')
+  host = [_span('ffi_call.3', 2, 1, 0, 600, hlo_op='ffi_call.3'),
+          _span('ffi_call.4', 2, 1, 600, 300, hlo_op='ffi_call.4'),
+          _span('add_fusion.2', 2, 1, 900, 50, hlo_op='add_fusion.2'),
+          _span('wrapped_convert.5', 2, 1, 950, 50, hlo_op='wrapped_convert.5')]
+  assert trace.custom_call_targets(hlo) == {'ffi_call.3': 'vit_jax_gemm_bf16',
+                                            'ffi_call.4': 'vit_jax_attention_f32'}
+  summary = trace.summarise({'traceEvents': host}, steps=1, hlo_text=hlo)
+  assert {r['name']: r['category'] for r in summary['top_ops']} == {
+      'ffi_call.3 (vit_jax_gemm_bf16)': 'matmul', 'ffi_call.4 (vit_jax_attention_f32)': 'attention',
+      'add_fusion.2': 'fusion (elementwise/reduce)',
+      'wrapped_convert.5': 'fusion (elementwise/reduce)'}
+  assert {r['name']: r['share'] for r in summary['categories']} == pytest.approx(
+      {'matmul': 0.6, 'attention': 0.3, 'fusion (elementwise/reduce)': 0.1})
+  without_hlo = trace.summarise({'traceEvents': host}, steps=1)
+  assert {r['name'] for r in without_hlo['categories']} == {'other',
+                                                            'fusion (elementwise/reduce)'}
+
+
 def test_trace_of_a_real_train_step_adds_up(tmp_path, capsys):
   report, printed = run_benchmark(
       tmp_path, capsys, '--model', 'ViT-testing', '--mode', 'train', '--batch', '2',

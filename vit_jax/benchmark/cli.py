@@ -183,7 +183,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                       help='infer, train, seq2seq (its train step): after the timed steps, '
                       'record --trace-steps more of our step with the JAX profiler under DIR '
                       'and print where their time goes (GPU kernels, else the XLA ops of CPU '
-                      'threads)')
+                      'threads, library calls named by their target)')
   parser.add_argument('--trace-steps', type=int, default=5, help='--trace: steps recorded')
   parser.add_argument('--compile-for', choices=tuple(gpu_target.TARGETS),
                       help='infer, train, seq2seq (its train step): compile our step for this '

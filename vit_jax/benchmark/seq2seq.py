@@ -196,7 +196,8 @@ def benchmark_seq2seq(args) -> dict:
     results['ours_over_torch_train_tokens_per_s'] = (results['train']['tokens_per_s']
                                                      / results['torch_train']['tokens_per_s'])
   if args.trace:
-    results['trace'] = trace.record(runners['train'], args.trace_steps, args.trace)
+    results['trace'] = trace.record(runners['train'], args.trace_steps, args.trace,
+                                    hlo_text=runners['train'].compiled.as_text())
   return {**results, 'memory': memory_figures, 'peak_tflops': peak,
           'train_target_tokens_per_step': target_tokens,
           'torch_train_target_tokens_per_step': tokens['torch_train'],

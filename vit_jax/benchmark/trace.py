@@ -7,6 +7,9 @@ when there are any, else (CPUs) the XLA ops the host threads ran (events naming 
 `hlo_op`). Each op counts its self time (less the ops nested in it, e.g. a while
 loop's body), so the op times add up. The summary: op time per step, time by category
 (by op or kernel name, first match of `CATEGORIES` wins) and the ops taking the most.
+Given the step's optimised HLO, a host op that calls a library (`ffi_call.7`: our products
+and attention on the BLAS) is named with its target (`ffi_call.7 (vit_jax_gemm_bf16)`) and
+counted in that target's category.
 """
 
 import collections
@@ -25,12 +28,14 @@ CATEGORIES: tuple[tuple[str, re.Pattern], ...] = tuple(
     (name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (
         # cuDNN's convolution kernels (the patch embedding) name cuDNN too.
         ('matmul', r'implicit_gemm|convolve'),
-        ('attention', r'fmha|flash|sdpa|dot_product_attention|cudnn(?![-_]?conv)'),
+        ('attention', r'fmha|flash|sdpa|dot_product_attention|cudnn(?![-_]?conv)'
+                      r'|vit_jax_attention'),
         ('matmul', r'gemm|cublas|cutlass|nvjet|dot|convolution|conv(?!ert)'),
         ('collective', r'all[-_]reduce|all[-_]gather|reduce[-_]scatter|all[-_]to[-_]all|nccl'
                        r'|collective'),
         ('copy/transpose', r'copy|transpose|memcpy|dynamic[-_]update[-_]slice'),
-        ('fusion (elementwise/reduce)', r'fusion|loop_|input_|reduce|elementwise'),
+        # XLA:CPU runs a lone elementwise op as `wrapped_<op>` (a cast: `wrapped_convert`).
+        ('fusion (elementwise/reduce)', r'fusion|loop_|input_|reduce|elementwise|wrapped_'),
     )) + (('other', re.compile('')),)
 DEVICE_SOURCE = 'device kernels'
 HOST_SOURCE = 'host XLA ops'
@@ -86,15 +91,26 @@ def self_times(events: list[dict]) -> list[float]:
   return times
 
 
-def summarise(trace: dict, steps: int, top: int = 15) -> dict:
-  """Op time per step, by category and for the `top` ops, of a trace of `steps` steps."""
+def custom_call_targets(hlo_text: str) -> dict[str, str]:
+  """{op name: target} of the custom calls in an optimised HLO text (`compiled.as_text()`)."""
+  return dict(re.findall(r'^\s*(?:ROOT )?%?([\w.-]+) = .*\bcustom-call\(.*'
+                         r'custom_call_target="([^"]+)"', hlo_text, flags=re.M))
+
+
+def summarise(trace: dict, steps: int, top: int = 15, hlo_text: str | None = None) -> dict:
+  """Op time per step, by category and for the `top` ops, of a trace of `steps` steps;
+  `hlo_text` (the step's optimised HLO) names the custom calls' targets."""
   source, events = op_events(trace)
   if not events:
     raise errors.UserError('The profiler trace holds no kernel or XLA op events to summarise.')
+  targets = custom_call_targets(hlo_text) if hlo_text else {}
   by_op, counts = collections.Counter(), collections.Counter()
   for event, us in zip(events, self_times(events)):
-    by_op[event['name']] += us
-    counts[event['name']] += 1
+    name = event['name']
+    if name in targets:
+      name = f'{name} ({targets[name]})'
+    by_op[name] += us
+    counts[name] += 1
   total_us = sum(by_op.values())
   by_category = collections.Counter()
   for name, us in by_op.items():
@@ -121,9 +137,11 @@ def load(directory: str, not_before: set[str] = frozenset()) -> tuple[str, dict]
     return path, json.load(f)
 
 
-def record(step: Callable[[], Any], steps: int, directory: str) -> dict:
+def record(step: Callable[[], Any], steps: int, directory: str,
+           hlo_text: str | None = None) -> dict:
   """Runs `step` (which blocks until its results are ready) `steps` times under the
-  profiler, writing the trace under `directory`; returns its `summarise`, with its path."""
+  profiler, writing the trace under `directory`; returns its `summarise` (with the step's
+  optimised HLO, `hlo_text`), with its path."""
   try:
     os.makedirs(directory, exist_ok=True)
   except OSError as error:
@@ -134,4 +152,4 @@ def record(step: Callable[[], Any], steps: int, directory: str) -> dict:
     for _ in range(steps):
       step()
   path, trace = load(directory, earlier)
-  return {**summarise(trace, steps), 'path': path}
+  return {**summarise(trace, steps, hlo_text=hlo_text), 'path': path}

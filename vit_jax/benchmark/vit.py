@@ -133,5 +133,6 @@ def benchmark_vit(args) -> dict:
     results['ratio_best_step_ours_over_timm'] = (
         results['timm']['step_s_min'] / results['ours']['step_s_min'])
   if args.trace:
-    extra['trace'] = trace.record(ours, args.trace_steps, args.trace)
+    extra['trace'] = trace.record(ours, args.trace_steps, args.trace,
+                                  hlo_text=ours.compiled.as_text())
   return {**extra, 'peak_tflops': peak, **results}
