@@ -50,7 +50,7 @@ _LENGTH_MULTIPLES: dict[str, int] = {'cudnn': 2}
 # Kernels that take a `KeyPadding` as it is (the others get it as a boolean mask):
 # `fused_attention` passes it on as key lengths, which cuDNN applies without a bias.
 _TAKE_KEY_PADDING = frozenset({'fused', 'cudnn'})
-# The backend 'auto' chooses for inside `target_backend`; None: `jax.default_backend()`.
+# The backend models are traced for inside `target_backend`; None: `jax.default_backend()`.
 _TARGET_BACKEND = contextvars.ContextVar('vit_jax_attention_backend', default=None)
 # Cache entries of cross-attention while decoding: the projected keys/values of the
 # encoder output, the same at every step (and for every beam of one example).
@@ -97,8 +97,9 @@ def traced_backend() -> str:
 
 @contextlib.contextmanager
 def target_backend(backend: str):
-  """Models traced inside choose their 'auto' kernels for `backend` ('gpu', ...), not
-  this machine's: for compiling for a device that is not here."""
+  """Models traced inside are traced for `backend` ('gpu', ...), not this machine's: their
+  'auto' kernels and the precision of their activations (`layers.activation_fn`). For
+  compiling for a device that is not here."""
   token = _TARGET_BACKEND.set(backend)
   try:
     yield
