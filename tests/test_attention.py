@@ -9,7 +9,7 @@ import pytest
 
 from vit_jax import kernels, models
 from vit_jax.kernels import blas
-from vit_jax.models import attention
+from vit_jax.models import attention, backend
 
 
 def _attention_params(wq, wk, wv, wo):
@@ -129,7 +129,7 @@ def test_auto_resolves_per_backend_and_dtype():
 def test_target_backend_chooses_for_a_device_that_is_not_here():
   """Compiling for a GPU from a CPU (`benchmark --compile-for`): 'auto' picks the GPU's."""
   resolve = attention.resolve_attention_impl
-  with attention.target_backend('gpu'):
+  with backend.target_backend('gpu'):
     assert resolve('auto', dtype=jnp.bfloat16) == 'cudnn'
     assert resolve('auto', dtype=jnp.float32) == 'fused'
     assert resolve('auto', backend='cpu', dtype=jnp.bfloat16) == 'head_major'
@@ -140,7 +140,7 @@ def test_target_backend_chooses_for_a_device_that_is_not_here():
 
 def test_padded_length_follows_the_kernel():
   """cuDNN's gradient needs even lengths; the other kernels take any."""
-  with attention.target_backend('gpu'):  # 'auto' is cuDNN for bfloat16, XLA for float32.
+  with backend.target_backend('gpu'):  # 'auto' is cuDNN for bfloat16, XLA for float32.
     assert [attention.padded_length('auto', n, dtype=jnp.bfloat16)
             for n in (1, 196, 197)] == [2, 196, 198]
     assert attention.padded_length('auto', 197, dtype=jnp.float32) == 197

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vit_jax import models
-from vit_jax.models import attention, layers
+from vit_jax.models import backend, layers
 from vit_jax.models.resnet import StdConv
 
 # Parameter counts of the published models (224x224 input, 1000 classes, no pre-logits).
@@ -242,7 +242,7 @@ def test_bfloat16_activations_are_rounded_once():
     assert differ.mean() < 0.01, (name, differ.sum())
   # Traced for a GPU, XLA keeps the float32 intermediates itself (and may fuse the GELU into
   # cuBLASLt's epilogue, which explicit conversions prevent): the plain Flax activation.
-  with attention.target_backend('gpu'):
+  with backend.target_backend('gpu'):
     assert layers.activation_fn('gelu') is layers.ACTIVATIONS['gelu']
 
 

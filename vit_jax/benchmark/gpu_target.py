@@ -27,7 +27,7 @@ import jaxlib
 from vit_jax import errors, files, models
 from vit_jax.benchmark import hlo_costs, memory, steps, timing
 from vit_jax.flops import count_flops
-from vit_jax.models import attention
+from vit_jax.models import backend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +166,7 @@ def compile_for(args) -> dict:
   inputs = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                         inputs)
   macs = count_flops(step, *inputs)  # The model's: traced here, no padding for cuDNN.
-  with attention.target_backend('gpu'), cudnn_of(target):
+  with backend.target_backend('gpu'), cudnn_of(target):
     start = time.perf_counter()
     donate = () if args.mode == 'infer' else 0
     lowered = jax.jit(step, donate_argnums=donate).trace(*inputs).lower(

@@ -11,8 +11,6 @@ or 'auto' (the default), which `resolve_attention_impl` turns into the fastest k
 for the backend and dtype at trace time.
 """
 
-import contextlib
-import contextvars
 import functools
 from typing import Any, Callable
 
@@ -23,6 +21,7 @@ import jax.numpy as jnp
 
 from vit_jax import errors
 from vit_jax.models import partitioning
+from vit_jax.models.backend import traced_backend
 from vit_jax.models.masks import (KeyPadding, combine_masks, make_causal_mask,  # noqa: F401
                                   make_padding_mask, make_segment_mask)
 from vit_jax.models.attention_chunked import chunked_attention
@@ -50,8 +49,6 @@ _LENGTH_MULTIPLES: dict[str, int] = {'cudnn': 2}
 # Kernels that take a `KeyPadding` as it is (the others get it as a boolean mask):
 # `fused_attention` passes it on as key lengths, which cuDNN applies without a bias.
 _TAKE_KEY_PADDING = frozenset({'fused', 'cudnn'})
-# The backend models are traced for inside `target_backend`; None: `jax.default_backend()`.
-_TARGET_BACKEND = contextvars.ContextVar('vit_jax_attention_backend', default=None)
 # Cache entries of cross-attention while decoding: the projected keys/values of the
 # encoder output, the same at every step (and for every beam of one example).
 CROSS_ATTENTION_CACHE = ('cross_key', 'cross_value')
@@ -68,8 +65,7 @@ def resolve_attention_impl(implementation: str, *, backend: str | None = None,
 
   Args:
     implementation: one of `ATTENTION_IMPLEMENTATIONS`.
-    backend: 'cpu', 'gpu', 'tpu', ...; default: the one `target_backend` sets, else
-      `jax.default_backend()`.
+    backend: 'cpu', 'gpu', 'tpu', ...; default: `backend.traced_backend()`.
     dtype: the dtype of the queries and keys.
   """
   if implementation not in ATTENTION_IMPLEMENTATIONS:
@@ -87,24 +83,6 @@ def resolve_attention_impl(implementation: str, *, backend: str | None = None,
   if backend == 'gpu' and jnp.dtype(dtype) in (jnp.float16, jnp.bfloat16):
     return 'cudnn'
   return 'fused'
-
-
-def traced_backend() -> str:
-  """The backend models traced here are for: the one `target_backend` sets, else
-  `jax.default_backend()`."""
-  return _TARGET_BACKEND.get() or jax.default_backend()
-
-
-@contextlib.contextmanager
-def target_backend(backend: str):
-  """Models traced inside are traced for `backend` ('gpu', ...), not this machine's: their
-  'auto' kernels and the precision of their activations (`layers.activation_fn`). For
-  compiling for a device that is not here."""
-  token = _TARGET_BACKEND.set(backend)
-  try:
-    yield
-  finally:
-    _TARGET_BACKEND.reset(token)
 
 
 def register_kernel(name: str, kernel: Kernel, *,

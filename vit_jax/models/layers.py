@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from vit_jax import errors
 from vit_jax.models import attention, partitioning
 from vit_jax.models.attention import MultiHeadDotProductAttention
+from vit_jax.models.backend import traced_backend
 from vit_jax.models.position import AddPositionEmbs, AddSinusoidalPositions
 
 Array = jax.Array
@@ -38,7 +39,7 @@ def activation_fn(name: str):
   if name not in ACTIVATIONS:
     raise errors.ConfigError(f'Unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}.')
   activation = ACTIVATIONS[name]
-  if attention.traced_backend() != 'cpu':
+  if traced_backend() != 'cpu':
     return activation
 
   def rounded_once(x: Array) -> Array:
