@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from vit_jax import models
-from vit_jax.models import backend, layers
+from vit_jax.models import layers
 from vit_jax.models.resnet import StdConv
 
 # Parameter counts of the published models (224x224 input, 1000 classes, no pre-logits).
@@ -240,10 +240,25 @@ def test_bfloat16_activations_are_rounded_once():
     differ = np.asarray(out != jnp.asarray(values, jnp.float32).astype(jnp.bfloat16))
     # float32's tanh may land on the other side of a rounding boundary, rarely.
     assert differ.mean() < 0.01, (name, differ.sum())
-  # Traced for a GPU, XLA keeps the float32 intermediates itself (and may fuse the GELU into
-  # cuBLASLt's epilogue, which explicit conversions prevent): the plain Flax activation.
-  with backend.target_backend('gpu'):
-    assert layers.activation_fn('gelu') is layers.ACTIVATIONS['gelu']
+  # A model exported here for CPUs and GPUs, called here, rounds once too.
+  exported = jax.export.export(jax.jit(layers.activation_fn('gelu')),
+                               platforms=('cpu', 'cuda'))(inputs)
+  np.testing.assert_array_equal(exported.call(inputs), jax.jit(layers.activation_fn('gelu'))(inputs))
+
+
+def test_activations_on_gpus_and_in_float32_are_plain_flax():
+  """Lowered for a GPU, bfloat16 activations are Flax's own (XLA keeps float32 intermediates
+  there itself and may fuse the GELU into cuBLASLt's epilogue, which explicit conversions
+  prevent), even where the model is traced on a CPU; float32 ones are Flax's everywhere."""
+  def lowered(fn, x, platform):
+    return jax.jit(fn).trace(x).lower(lowering_platforms=(platform,)).as_text()
+  for dtype in (jnp.bfloat16, jnp.float16):
+    x = jnp.linspace(-3.0, 6.0, 64).astype(dtype)
+    assert 'f32' in lowered(layers.activation_fn('gelu'), x, 'cpu'), dtype
+    assert 'f32' not in lowered(layers.activation_fn('gelu'), x, 'cuda'), dtype
+  x = jnp.linspace(-3.0, 6.0, 64)
+  jaxpr = jax.make_jaxpr(layers.activation_fn('gelu'))(x)
+  assert str(jaxpr) == str(jax.make_jaxpr(layers.ACTIVATIONS['gelu'])(x))
 
 
 def test_unknown_model_name_lists_known_models():

@@ -1,9 +1,8 @@
 """The backend a model is traced for: this machine's, or the one `target_backend` names.
 
-Two choices depend on it at trace time: the kernel 'auto' attention becomes
-(`attention.resolve_attention_impl`) and the precision of bfloat16 activations
-(`layers.activation_fn`). Naming another backend lets a CPU compile the model a GPU
-would run (`python -m vit_jax.benchmark --compile-for h200`).
+The kernel 'auto' attention becomes (`attention.resolve_attention_impl`) depends on it,
+at trace time. Naming another backend lets a CPU compile the model a GPU would run
+(`python -m vit_jax.benchmark --compile-for h200`).
 """
 
 import contextlib
@@ -24,8 +23,7 @@ def traced_backend() -> str:
 @contextlib.contextmanager
 def target_backend(backend: str):
   """Models traced inside are traced for `backend` ('gpu', ...), not this machine's: their
-  'auto' attention kernels and the precision of their activations. For compiling for a
-  device that is not here."""
+  'auto' attention kernels. For compiling for a device that is not here."""
   token = _TARGET_BACKEND.set(backend)
   try:
     yield

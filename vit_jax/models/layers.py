@@ -17,7 +17,6 @@ import jax.numpy as jnp
 from vit_jax import errors
 from vit_jax.models import attention, partitioning
 from vit_jax.models.attention import MultiHeadDotProductAttention
-from vit_jax.models.backend import traced_backend
 from vit_jax.models.position import AddPositionEmbs, AddSinusoidalPositions
 
 Array = jax.Array
@@ -29,22 +28,28 @@ POSITION_EMBEDDINGS = ('learned', 'sinusoidal', 'none')
 
 
 def activation_fn(name: str):
-  """The activation `name`; on CPUs, bfloat16 inputs are activated in float32, rounded once.
+  """The activation `name`; on CPUs, bfloat16 and float16 inputs are activated in float32 and
+  rounded once.
 
-  XLA:CPU rounds the result of each of the activation's operations to bfloat16 (the GELU
-  has nine): less accurate than one rounding, and there several times slower. XLA on GPUs
+  XLA:CPU rounds the result of each of the activation's operations to the input's dtype (the
+  GELU has nine): less accurate than one rounding, and there several times slower. XLA on GPUs
   keeps the intermediates in float32 itself and may compute the activation in the product's
-  epilogue (cuBLASLt BIAS_GELU), which the explicit conversions would prevent.
+  epilogue (cuBLASLt BIAS_GELU), which explicit conversions would prevent. The choice is made
+  where the model is lowered for a platform (`jax.lax.platform_dependent`), so that a model
+  exported on a CPU for several platforms gets each platform's.
   """
   if name not in ACTIVATIONS:
     raise errors.ConfigError(f'Unknown activation {name!r}; choose one of {sorted(ACTIVATIONS)}.')
   activation = ACTIVATIONS[name]
-  if traced_backend() != 'cpu':
-    return activation
 
   def rounded_once(x: Array) -> Array:
-    return activation(x.astype(jnp.promote_types(x.dtype, jnp.float32))).astype(x.dtype)
-  return rounded_once
+    return activation(x.astype(jnp.float32)).astype(x.dtype)
+
+  def activate(x: Array) -> Array:
+    if jnp.promote_types(x.dtype, jnp.float32) == x.dtype:  # float32 or wider: as it is.
+      return activation(x)
+    return jax.lax.platform_dependent(x, cpu=rounded_once, default=activation)
+  return activate
 
 
 def drop_path(x: Array, rate: Array | float, rng: Array) -> Array:
