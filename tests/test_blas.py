@@ -21,6 +21,12 @@ except blas.KernelUnavailable as error:  # No compiler or no BLAS on this machin
 RNG = np.random.default_rng(0)
 
 
+@pytest.fixture(autouse=True)
+def _the_same_inputs_whatever_ran_before():
+  """Each test draws the same inputs, whichever tests its xdist worker ran before it."""
+  RNG.bit_generator.state = np.random.default_rng(0).bit_generator.state
+
+
 def _random(*shape):
   return jnp.asarray(RNG.standard_normal(shape, np.float32))
 
@@ -69,14 +75,17 @@ def test_bfloat16_matmul_and_its_gradients_match_xla():
   want = jnp.matmul(a, b)
   np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2 ** -7,
                              atol=1e-2)
-  loss = lambda f: (lambda a, b: jnp.sum(jnp.sin(f(a, b).astype(jnp.float32))))  # noqa: E731
+  # A fixed cotangent: the gradients are the backward products alone, again one rounding each.
+  # (Through a nonlinearity of the bfloat16 output, one step's difference there moves the
+  # gradient by more than a step: such a check failed for 11 of 200 random inputs.)
+  cotangent = _random(37, 23)
+  loss = lambda f: (lambda a, b: jnp.sum(f(a, b).astype(jnp.float32) * cotangent))  # noqa: E731
   ours = jax.jit(jax.grad(loss(blas.matmul), argnums=(0, 1)))(a, b)
   ref = jax.jit(jax.grad(loss(jnp.matmul), argnums=(0, 1)))(a, b)
   for got, want in zip(ours, ref):
     assert got.dtype == jnp.bfloat16
-    scale = float(jnp.abs(want.astype(jnp.float32)).max())
-    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32),
-                               atol=2 ** -6 * scale)
+    np.testing.assert_allclose(got.astype(np.float32), want.astype(np.float32), rtol=2 ** -7,
+                               atol=1e-2)
   jaxpr = str(jax.make_jaxpr(jax.grad(loss(blas.matmul), argnums=(0, 1)))(a, b))
   assert jaxpr.count(blas.GEMM_BF16_TARGET) == 3 and 'dot_general' not in jaxpr
 

@@ -65,7 +65,7 @@ def resolve_attention_impl(implementation: str, *, backend: str | None = None,
 
   Args:
     implementation: one of `ATTENTION_IMPLEMENTATIONS`.
-    backend: 'cpu', 'gpu', 'tpu', ...; default: `backend.traced_backend()`.
+    backend: 'cpu', 'gpu', 'tpu', ...; default: `vit_jax.models.backend.traced_backend()`.
     dtype: the dtype of the queries and keys.
   """
   if implementation not in ATTENTION_IMPLEMENTATIONS:
