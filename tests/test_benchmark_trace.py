@@ -7,7 +7,7 @@ import pytest
 from benchmark_helpers import run_benchmark
 
 from vit_jax import decode, models
-from vit_jax.benchmark import cli, steps, trace
+from vit_jax.benchmark import cli, hlo_costs, steps, trace
 from test_benchmark_seq2seq import TINY_SEQ2SEQ
 
 
@@ -58,8 +58,8 @@ def test_host_ops_that_call_a_library_are_named_and_counted_by_their_target():
           _span('ffi_call.4', 2, 1, 600, 300, hlo_op='ffi_call.4'),
           _span('add_fusion.2', 2, 1, 900, 50, hlo_op='add_fusion.2'),
           _span('wrapped_convert.5', 2, 1, 950, 50, hlo_op='wrapped_convert.5')]
-  assert trace.custom_call_targets(hlo) == {'ffi_call.3': 'vit_jax_gemm_bf16',
-                                            'ffi_call.4': 'vit_jax_attention_f32'}
+  assert hlo_costs.custom_call_targets(hlo) == {'ffi_call.3': 'vit_jax_gemm_bf16',
+                                               'ffi_call.4': 'vit_jax_attention_f32'}
   summary = trace.summarise({'traceEvents': host}, steps=1, hlo_text=hlo)
   assert {r['name']: r['category'] for r in summary['top_ops']} == {
       'ffi_call.3 (vit_jax_gemm_bf16)': 'matmul', 'ffi_call.4 (vit_jax_attention_f32)': 'attention',

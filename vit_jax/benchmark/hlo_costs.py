@@ -30,6 +30,7 @@ DTYPE_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's16': 2, 'u16': 2, 'f16': 2, 'bf16'
 _ARRAY = re.compile(r'\b(' + '|'.join(DTYPE_BYTES) + r')\[([0-9,]*)\]')
 _INSTRUCTION = re.compile(r'^\s*(?:ROOT )?%([\w.\-]+) = (.*?) ([a-z][\w\-]*)\((.*)$')
 _COMPUTATION = re.compile(r'^(ENTRY )?%([\w.\-]+) .*\{$')
+_CUSTOM_CALL_TARGET = re.compile(r'custom_call_target="([^"]*)"')
 # Ops that launch nothing: they name or rearrange buffers.
 _NO_KERNEL = {'parameter', 'constant', 'get-tuple-element', 'tuple', 'bitcast', 'after-all',
               'partition-id', 'replica-id', 'opt-barrier', 'add-dependency'}
@@ -200,6 +201,17 @@ def _sliced_reads(lines: list[str]) -> dict[int, int]:
   return sliced
 
 
+def custom_call_targets(hlo_text: str) -> dict[str, str]:
+  """{instruction name: target} of the custom calls in an optimised HLO text, all computations."""
+  targets = {}
+  for line in hlo_text.splitlines():
+    match = _INSTRUCTION.match(line)
+    target = _CUSTOM_CALL_TARGET.search(line) if match and match.group(3) == 'custom-call' else None
+    if target:
+      targets[match.group(1)] = target.group(1)
+  return targets
+
+
 def kernels(hlo_text: str) -> list[Kernel]:
   """The kernels of the entry computation of an optimised HLO module, in program order."""
   computations, entry = _computations(hlo_text)
@@ -227,7 +239,7 @@ def kernels(hlo_text: str) -> list[Kernel]:
         if callee:
           walk(callee.group(1), calls)
         continue
-      target = re.search(r'custom_call_target="([^"]*)"', line)
+      target = _CUSTOM_CALL_TARGET.search(line)
       target = target.group(1) if target else ''
       outputs = shapes[result]
       if op == 'custom-call':  # A library call's scratch space is not data.

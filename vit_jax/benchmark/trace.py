@@ -23,6 +23,7 @@ from typing import Any, Callable
 import jax
 
 from vit_jax import errors, files
+from vit_jax.benchmark import hlo_costs
 
 CATEGORIES: tuple[tuple[str, re.Pattern], ...] = tuple(
     (name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (
@@ -91,19 +92,13 @@ def self_times(events: list[dict]) -> list[float]:
   return times
 
 
-def custom_call_targets(hlo_text: str) -> dict[str, str]:
-  """{op name: target} of the custom calls in an optimised HLO text (`compiled.as_text()`)."""
-  return dict(re.findall(r'^\s*(?:ROOT )?%?([\w.-]+) = .*\bcustom-call\(.*'
-                         r'custom_call_target="([^"]+)"', hlo_text, flags=re.M))
-
-
 def summarise(trace: dict, steps: int, top: int = 15, hlo_text: str | None = None) -> dict:
   """Op time per step, by category and for the `top` ops, of a trace of `steps` steps;
   `hlo_text` (the step's optimised HLO) names the custom calls' targets."""
   source, events = op_events(trace)
   if not events:
     raise errors.UserError('The profiler trace holds no kernel or XLA op events to summarise.')
-  targets = custom_call_targets(hlo_text) if hlo_text else {}
+  targets = hlo_costs.custom_call_targets(hlo_text) if hlo_text else {}
   by_op, counts = collections.Counter(), collections.Counter()
   for event, us in zip(events, self_times(events)):
     name = event['name']
