@@ -103,9 +103,10 @@ def test_a_bfloat16_vit_on_blas_matches_xla():
   got, want = got.astype(np.float32), want.astype(np.float32)
   np.testing.assert_allclose(got, want, atol=2 ** -6 * float(np.abs(want).max()))
   jaxpr = str(jax.make_jaxpr(_on_blas(apply))(params))
-  # Every Dense product (q, k, v, out, 2 MLP per block; the head) on the BLAS, and attention.
+  # Every Dense product (q, k, v, out, 2 MLP per block; the head) on the BLAS, and attention
+  # on its bfloat16 kernel.
   assert jaxpr.count(blas.GEMM_BF16_TARGET) == 6 * model.num_layers + 1
-  assert blas.ATTENTION_INFERENCE_TARGET in jaxpr
+  assert jaxpr.count(blas.ATTENTION_INFERENCE_BF16_TARGET) == model.num_layers
 
 
 @pytest.mark.parametrize('case', ['batch dims', 'mixed bfloat16', 'leading contraction'])
@@ -243,7 +244,7 @@ def test_auto_runs_bfloat16_on_mkl_where_the_cpu_has_amx(monkeypatch, vendor, am
     jaxpr = str(jax.make_jaxpr(lambda p: model.apply({'params': p}, images))(params))
   assert resolved == expected
   assert (blas.GEMM_BF16_TARGET in jaxpr) == (expected[0] == 'blas')
-  assert (blas.ATTENTION_INFERENCE_TARGET in jaxpr) == (expected[1] == 'blas')
+  assert (blas.ATTENTION_INFERENCE_BF16_TARGET in jaxpr) == (expected[1] == 'blas')
   assert blas.resolve_matmul('auto') == ('blas' if vendor == 'GenuineIntel' else 'xla')
 
 
@@ -337,6 +338,56 @@ def test_attention_and_its_gradients_match_plain_attention():
   want = jax.jit(jax.grad(loss(reference), argnums=(0, 1, 2)))(query, key, value)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+
+
+def _exact_attention(query, key, value):
+  q, k, v = (np.asarray(x, np.float64) for x in (query, key, value))
+  logits = np.einsum('btnh,bsnh->bnts', q, k) / np.sqrt(q.shape[-1])
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  return np.einsum('bnts,bsnh->btnh', weights, v)
+
+
+@pytest.mark.skipif(not BLAS.bf16_symbol, reason=f'{BLAS.name} has no bfloat16 gemm')
+def test_bfloat16_attention_is_within_bfloat16_rounding_of_the_exact_value():
+  query, key, value = (x.astype(jnp.bfloat16) for x in (
+      _random(2, 5, 3, 8), _random(2, 7, 3, 8), _random(2, 7, 3, 8)))
+  assert blas.ATTENTION_INFERENCE_BF16_TARGET in str(jax.make_jaxpr(blas.attention_bfloat16)(
+      query, key, value))
+  got = jax.jit(blas.attention_bfloat16)(query, key, value)
+  assert got.dtype == jnp.bfloat16 and got.shape == query.shape
+  exact = _exact_attention(query, key, value)
+  # The weights and the result each rounded to bfloat16 (8 significant bits) once.
+  np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=2 ** -7,
+                             atol=2 ** -8 * np.abs(exact).max())
+  # A NaN in one query reaches that query's row of that head, and nothing else.
+  nan_out = np.asarray(jax.jit(blas.attention_bfloat16)(query.at[1, 2, 0, 3].set(jnp.nan), key,
+                                                        value), np.float32)
+  assert np.isnan(nan_out[1, 2, 0]).all() and np.isnan(nan_out).sum() == nan_out.shape[-1]
+
+
+@pytest.mark.skipif(not BLAS.bf16_symbol, reason=f'{BLAS.name} has no bfloat16 gemm')
+def test_bfloat16_attention_trains_as_float32_attention_rounded():
+  # Differentiated, the forward pass and the gradients are the float32 kernels' (as before
+  # the bfloat16 kernel), rounded to bfloat16.
+  query, key, value = (x.astype(jnp.bfloat16) for x in (
+      _random(2, 5, 3, 8), _random(2, 7, 3, 8), _random(2, 7, 3, 8)))
+  cotangent = _random(2, 5, 3, 8)
+
+  def as_float32(q, k, v):
+    return blas.attention(*(x.astype(jnp.float32) for x in (q, k, v))).astype(jnp.bfloat16)
+
+  def vjp(fn):
+    out, pullback = jax.vjp(fn, query, key, value)
+    return (out, *pullback(cotangent.astype(jnp.bfloat16)))
+
+  got, want = jax.jit(lambda: vjp(blas.attention_bfloat16))(), jax.jit(lambda: vjp(as_float32))()
+  for g, w in zip(got, want):
+    assert g.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+  jaxpr = str(jax.make_jaxpr(lambda: vjp(blas.attention_bfloat16))())
+  assert blas.ATTENTION_FORWARD_TARGET in jaxpr and blas.ATTENTION_BACKWARD_TARGET in jaxpr
+  assert blas.ATTENTION_INFERENCE_BF16_TARGET not in jaxpr
 
 
 def test_blas_attention_module_masked_calls_run_head_major():

@@ -6,7 +6,8 @@
 // order. The B*N (example, head) pairs are spread over XLA's intra-op thread
 // pool, each computed by single-threaded BLAS calls with its weights in cache.
 // The forward pass also returns the attention weights P (B, N, T, S), which
-// the backward pass reuses instead of recomputing the softmax.
+// the backward pass reuses instead of recomputing the softmax. bfloat16
+// inputs have a forward-only kernel on MKL's bfloat16 product.
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -26,6 +27,7 @@ namespace vit_jax {
 namespace {
 
 using Tensor4 = ffi::Buffer<ffi::F32, 4>;
+using Tensor4Bf16 = ffi::Buffer<ffi::BF16, 4>;
 
 struct Dims {
   int64_t batch, queries, keys, heads, head_dim;
@@ -39,7 +41,8 @@ struct Dims {
   int64_t p_at(int64_t b, int64_t n) const { return (b * heads + n) * queries * keys; }
 };
 
-bool GetDims(const Tensor4& q, const Tensor4& k, const Tensor4& v, Dims* dims) {
+template <typename Tensor>
+bool GetDims(const Tensor& q, const Tensor& k, const Tensor& v, Dims* dims) {
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions();
   *dims = {qd[0], qd[1], kd[1], qd[2], qd[3]};
   for (int i : {0, 2, 3}) {
@@ -118,6 +121,15 @@ void SoftmaxRows(float* logits, int64_t rows, int64_t length) {
     const float inv = 1.0f / Reduce(length, 0.0f, SumOf{row});
     for (int64_t s = 0; s < length; ++s) row[s] *= inv;
   }
+}
+
+// The bfloat16 nearest to x (its bits), ties to even; NaN stays NaN.
+inline uint16_t RoundToBfloat16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+  return static_cast<uint16_t>(nan ? (bits >> 16) | 0x40u : rounded);
 }
 
 // Runs work(i) for i in [0, count) on the calling thread and on up to
@@ -207,6 +219,54 @@ ffi::Error AttentionInference(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
                          });
 }
 
+// bfloat16 head n of example b, forward only: S = scale Q K^T from MKL's
+// bfloat16 product (float32 accumulation), the softmax in float32, P rounded to
+// bfloat16 for O = P V (float32 accumulation), O rounded to bfloat16. S, P and
+// O live in per-thread buffers.
+void HeadInferenceBf16(const Dims& d, int64_t b, int64_t n, const uint16_t* q,
+                       const uint16_t* k, const uint16_t* v, uint16_t* out) {
+  const int64_t ld = d.row(), t = d.queries, s = d.keys, h = d.head_dim;
+  thread_local std::vector<float> scores, head_out;
+  thread_local std::vector<uint16_t> probs;
+  scores.resize(t * s);
+  probs.resize(t * s);
+  head_out.resize(t * h);
+  gemm_bf16(kRowMajor, kNoTrans, kTrans, t, s, h, d.scale(), q + d.q_at(b, n),
+            ld, k + d.kv_at(b, n), ld, 0.0f, scores.data(), s);
+  SoftmaxRows(scores.data(), t, s);
+  for (int64_t i = 0; i < t * s; ++i) probs[i] = RoundToBfloat16(scores[i]);
+  gemm_bf16(kRowMajor, kNoTrans, kNoTrans, t, h, s, 1.0f, probs.data(), s,
+            v + d.kv_at(b, n), ld, 0.0f, head_out.data(), h);
+  uint16_t* o = out + d.q_at(b, n);
+  for (int64_t r = 0; r < t; ++r) {
+    for (int64_t j = 0; j < h; ++j) {
+      o[r * ld + j] = RoundToBfloat16(head_out[r * h + j]);
+    }
+  }
+}
+
+ffi::Error AttentionInferenceBf16(ffi::ThreadPool pool, Tensor4Bf16 q,
+                                  Tensor4Bf16 k, Tensor4Bf16 v,
+                                  ffi::Result<Tensor4Bf16> out) {
+  Dims d;
+  if (!GetDims(q, k, v, &d)) {
+    return ffi::Error::InvalidArgument("vit_jax attention: q/k/v shapes differ");
+  }
+  if (gemm_bf16 == nullptr) {
+    return ffi::Error::InvalidArgument(
+        "vit_jax attention: the BLAS has no bfloat16 product");
+  }
+  auto bits = [](const Tensor4Bf16& x) {
+    return reinterpret_cast<const uint16_t*>(x.untyped_data());
+  };
+  uint16_t* o = reinterpret_cast<uint16_t*>(out->untyped_data());
+  ParallelFor(pool, d.batch * d.heads, [&](int64_t item) {
+    HeadInferenceBf16(d, item / d.heads, item % d.heads, bits(q), bits(k),
+                      bits(v), o);
+  });
+  return ffi::Error::Success();
+}
+
 ffi::Error AttentionBackward(ffi::ThreadPool pool, Tensor4 q, Tensor4 k,
                              Tensor4 v, Tensor4 probs, Tensor4 d_out,
                              ffi::Result<Tensor4> d_q, ffi::Result<Tensor4> d_k,
@@ -266,6 +326,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxAttentionInferenceF32,
                                   .Arg<vit_jax::Tensor4>()
                                   .Arg<vit_jax::Tensor4>()
                                   .Ret<vit_jax::Tensor4>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxAttentionInferenceBf16,
+                              vit_jax::AttentionInferenceBf16,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<vit_jax::Tensor4Bf16>()
+                                  .Arg<vit_jax::Tensor4Bf16>()
+                                  .Arg<vit_jax::Tensor4Bf16>()
+                                  .Ret<vit_jax::Tensor4Bf16>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxAttentionBackwardF32,
                               vit_jax::AttentionBackward,

@@ -53,8 +53,10 @@ GEMM_TARGETS = (GEMM_TARGET, GEMM_BF16_TARGET)
 ATTENTION_FORWARD_TARGET = 'vit_jax_attention_fwd_f32'  # Also returns the weights.
 ATTENTION_INFERENCE_TARGET = 'vit_jax_attention_f32'  # Forward only: no weights kept.
 ATTENTION_BACKWARD_TARGET = 'vit_jax_attention_bwd_f32'
+# bfloat16 inputs, forward only (MKL only).
+ATTENTION_INFERENCE_BF16_TARGET = 'vit_jax_attention_bf16'
 ATTENTION_TARGETS = (ATTENTION_FORWARD_TARGET, ATTENTION_INFERENCE_TARGET,
-                     ATTENTION_BACKWARD_TARGET)
+                     ATTENTION_BACKWARD_TARGET, ATTENTION_INFERENCE_BF16_TARGET)
 
 
 class KernelUnavailable(errors.UserError, RuntimeError):
@@ -200,7 +202,8 @@ def _load() -> tuple[Blas | None, str | None]:
     handlers = {GEMM_TARGET: kernels.VitJaxGemmF32, GEMM_BF16_TARGET: kernels.VitJaxGemmBf16,
                 ATTENTION_FORWARD_TARGET: kernels.VitJaxAttentionForwardF32,
                 ATTENTION_INFERENCE_TARGET: kernels.VitJaxAttentionInferenceF32,
-                ATTENTION_BACKWARD_TARGET: kernels.VitJaxAttentionBackwardF32}
+                ATTENTION_BACKWARD_TARGET: kernels.VitJaxAttentionBackwardF32,
+                ATTENTION_INFERENCE_BF16_TARGET: kernels.VitJaxAttentionInferenceBf16}
     for target, handler in handlers.items():
       jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform='cpu')
     _LIBRARIES.extend([blas_library, kernels])  # Keep both loaded for the process.
@@ -390,4 +393,32 @@ def _attention_bwd(residuals, d_out):
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+@jax.custom_vjp
+def attention_bfloat16(query: jax.Array, key: jax.Array, value: jax.Array) -> jax.Array:
+  """`attention` of bfloat16 inputs (where `has_bfloat16_products`), bfloat16 result.
+
+  Undifferentiated, on MKL's bfloat16 product: the scores accumulated and the softmax
+  computed in float32, the weights rounded to bfloat16 for the second product (as torch's
+  and XLA's bfloat16 attention round them), its float32 sums rounded once. Differentiated,
+  `attention` in float32, the result rounded to bfloat16.
+  """
+  load()
+  call = jax.ffi.ffi_call(ATTENTION_INFERENCE_BF16_TARGET,
+                          jax.ShapeDtypeStruct(query.shape, jnp.bfloat16),
+                          vmap_method='sequential')
+  return call(query, key, value)
+
+
+def _attention_bfloat16_fwd(query, key, value):
+  out, residuals = _attention_fwd(*(x.astype(jnp.float32) for x in (query, key, value)))
+  return out.astype(jnp.bfloat16), residuals
+
+
+def _attention_bfloat16_bwd(residuals, d_out):
+  return tuple(grad.astype(jnp.bfloat16) for grad in _attention_bwd(residuals, d_out))
+
+
+attention_bfloat16.defvjp(_attention_bfloat16_fwd, _attention_bfloat16_bwd)
 

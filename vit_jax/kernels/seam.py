@@ -114,11 +114,14 @@ _DROPOUT_SIGNATURE = inspect.signature(
 def _blas_attention(query, key, value, mask):
   """`blas.attention` where it applies (unmasked), else head-major attention.
 
-  bfloat16 inputs are attended in float32 and the result rounded back: XLA:CPU emulates
-  bfloat16 arithmetic, which makes its bfloat16 attention slower than float32 on the BLAS.
+  bfloat16 inputs go to `blas.attention_bfloat16` where MKL multiplies bfloat16, else they
+  are attended in float32 and the result rounded back: XLA:CPU emulates bfloat16
+  arithmetic, which makes its bfloat16 attention slower than float32 on the BLAS.
   """
   if mask is None and query.dtype == jnp.float32:
     return blas.attention(query, key, value)
+  if mask is None and query.dtype == jnp.bfloat16 and blas.has_bfloat16_products():
+    return blas.attention_bfloat16(query, key, value)
   if mask is None and query.dtype == jnp.bfloat16:
     as_float32 = (x.astype(jnp.float32) for x in (query, key, value))
     return blas.attention(*as_float32).astype(jnp.bfloat16)
