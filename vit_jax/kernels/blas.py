@@ -421,4 +421,3 @@ def _attention_bfloat16_bwd(residuals, d_out):
 
 
 attention_bfloat16.defvjp(_attention_bfloat16_fwd, _attention_bfloat16_bwd)
-

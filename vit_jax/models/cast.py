@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 import jax
 from jax.extend import core as jax_core
+import jax.numpy as jnp
 import numpy as np
 
 # Primitives whose output is their first operand rearranged: a cast commutes with them.
@@ -75,7 +76,7 @@ def cast_as_used(fn: Callable, params: Any, *args: Any) -> Any:
   for leaf, leaf_uses in zip(leaves, uses):
     dtype = np.dtype(leaf.dtype)
     if (len(leaf_uses) == 1 and (target := next(iter(leaf_uses))) is not _AS_IS
-        and jax.numpy.issubdtype(dtype, np.floating) and jax.numpy.issubdtype(target, np.floating)
+        and jnp.issubdtype(dtype, np.floating) and jnp.issubdtype(target, np.floating)
         and target.itemsize < dtype.itemsize):
       leaf = leaf.astype(target)
     cast.append(leaf)

@@ -142,7 +142,9 @@ def predict_files(model, params, paths: list[str], data_config,
   A file that cannot be read as an image (truncated, empty, not an image) is left out, said
   in one line; BadFileError when none can be read.
   """
-  probabilities_of = lambda p, x: jax.nn.softmax(model.apply({'params': p}, x), axis=-1)  # noqa: E731
+  def probabilities_of(p, x):
+    return jax.nn.softmax(model.apply({'params': p}, x), axis=-1)
+
   apply = jax.jit(probabilities_of)
   stored = None  # `params` in the dtypes the model casts them to, made at the first batch.
   predicted, probabilities = [], []
