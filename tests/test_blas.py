@@ -1,5 +1,6 @@
 """The BLAS path of the Dense layers and attention (vit_jax.kernels): same results as XLA."""
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -88,6 +89,33 @@ def test_bfloat16_matmul_and_its_gradients_match_xla():
                                atol=1e-2)
   jaxpr = str(jax.make_jaxpr(jax.grad(loss(blas.matmul), argnums=(0, 1)))(a, b))
   assert jaxpr.count(blas.GEMM_BF16_TARGET) == 3 and 'dot_general' not in jaxpr
+
+
+def _set_bf16_packing(on: bool):
+  """Registers MKL's packed bfloat16 product with the kernels (on), or not (off)."""
+  library, kernels_library = blas._LIBRARIES
+  pointer = lambda symbol: ctypes.cast(getattr(library, symbol), ctypes.c_void_p)  # noqa: E731
+  packing = map(pointer, BLAS.bf16_pack_symbols) if on else (None,) * 3
+  kernels_library.vit_jax_set_blas(pointer(BLAS.sgemm_symbol), pointer(BLAS.threads_symbol),
+                                   pointer(BLAS.bf16_symbol), *packing)
+
+
+@pytest.mark.skipif(not BLAS.bf16_symbol, reason=f'{BLAS.name} has no bfloat16 gemm')
+def test_bfloat16_products_pack_first_where_mkl_can_and_equal_the_unpacked_ones():
+  assert BLAS.bf16_pack_symbols  # Every MKL with cblas_gemm_bf16bf16f32 has them.
+  a, b = _random(37, 50).astype(jnp.bfloat16), _random(50, 23).astype(jnp.bfloat16)
+  cotangent = _random(37, 23)
+  loss = lambda a, b: jnp.sum(blas.matmul(a, b).astype(jnp.float32) * cotangent)  # noqa: E731
+  # The product and both gradients: op(b) plain and transposed, op(a) plain and transposed.
+  run = jax.jit(lambda a, b: (blas.matmul(a, b), *jax.grad(loss, argnums=(0, 1))(a, b)))
+  packed = run(a, b)
+  try:
+    _set_bf16_packing(False)
+    unpacked = run(a, b)
+  finally:
+    _set_bf16_packing(True)
+  for got, want in zip(packed, unpacked):
+    np.testing.assert_array_equal(np.asarray(got, np.float32), np.asarray(want, np.float32))
 
 
 @pytest.mark.skipif(not BLAS.bf16_symbol, reason=f'{BLAS.name} has no bfloat16 gemm')

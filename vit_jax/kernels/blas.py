@@ -69,11 +69,15 @@ class Blas(NamedTuple):
   sgemm_symbol: str  # Its ILP64 CBLAS sgemm.
   threads_symbol: str | None = None  # Sets this thread's BLAS threads (MKL).
   bf16_symbol: str | None = None  # Its ILP64 bfloat16 x bfloat16 -> float32 gemm (MKL).
+  # The same product with one operand packed first: (pack size, pack, compute) (MKL).
+  bf16_pack_symbols: tuple[str, str, str] | None = None
 
 
 def _mkl(path: str) -> Blas:
   return Blas('mkl', path, 'cblas_sgemm_64', 'MKL_Set_Num_Threads_Local',
-              'cblas_gemm_bf16bf16f32_64')
+              'cblas_gemm_bf16bf16f32_64',
+              tuple(f'cblas_gemm_bf16bf16f32_{part}_64' for part in
+                    ('pack_get_size', 'pack', 'compute')))
 
 
 def _openblas(path: str) -> Blas:  # The build inside NumPy's wheels (symbols prefixed).
@@ -111,6 +115,9 @@ def _find_blas() -> tuple[Blas, ctypes.CDLL]:
         blas = blas._replace(threads_symbol=None)
       if blas.bf16_symbol and not hasattr(library, blas.bf16_symbol):
         blas = blas._replace(bf16_symbol=None)
+      if not (blas.bf16_symbol and blas.bf16_pack_symbols
+              and all(hasattr(library, symbol) for symbol in blas.bf16_pack_symbols)):
+        blas = blas._replace(bf16_pack_symbols=None)
       return blas, library
     except (OSError, AttributeError) as error:
       tried.append(f'{blas.path}: {error}')
@@ -198,7 +205,8 @@ def _load() -> tuple[Blas | None, str | None]:
     pointer = lambda symbol: ctypes.cast(  # noqa: E731
         getattr(blas_library, symbol) if symbol else None, ctypes.c_void_p)
     kernels.vit_jax_set_blas(pointer(blas.sgemm_symbol), pointer(blas.threads_symbol),
-                             pointer(blas.bf16_symbol))
+                             pointer(blas.bf16_symbol),
+                             *map(pointer, blas.bf16_pack_symbols or (None,) * 3))
     handlers = {GEMM_TARGET: kernels.VitJaxGemmF32, GEMM_BF16_TARGET: kernels.VitJaxGemmBf16,
                 ATTENTION_FORWARD_TARGET: kernels.VitJaxAttentionForwardF32,
                 ATTENTION_INFERENCE_TARGET: kernels.VitJaxAttentionInferenceF32,

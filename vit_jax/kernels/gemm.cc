@@ -1,8 +1,10 @@
 // Matrix products for XLA:CPU through the XLA FFI, computed by the CBLAS that
 // Python registers (MKL or OpenBLAS): float32 by sgemm, bfloat16 operands with
 // float32 accumulation by MKL's cblas_gemm_bf16bf16f32. Either operand may be
-// read transposed, so the backward pass needs no transposed copies.
+// read transposed, so the backward pass needs no transposed copies. Where MKL
+// has its packed bfloat16 product, op(b) is packed first, then multiplied.
 #include <cstdint>
+#include <vector>
 
 #include "blas.h"
 #include "xla/ffi/api/ffi.h"
@@ -14,6 +16,9 @@ namespace vit_jax {
 Sgemm sgemm = nullptr;
 SetThreadsLocal set_threads_local = nullptr;
 GemmBf16 gemm_bf16 = nullptr;
+GemmBf16PackSize gemm_bf16_pack_size = nullptr;
+GemmBf16Pack gemm_bf16_pack = nullptr;
+GemmBf16Compute gemm_bf16_compute = nullptr;
 
 using Matrix = ffi::Buffer<ffi::F32, 2>;
 using Bf16Matrix = ffi::Buffer<ffi::BF16, 2>;
@@ -30,6 +35,17 @@ static bool Multiply(bool transpose_a, bool transpose_b, int64_t m, int64_t n, i
 static bool Multiply(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
                      const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float* c) {
   if (gemm_bf16 == nullptr) return false;
+  if (gemm_bf16_compute != nullptr) {
+    // Packing op(b) once, then multiplying, measured faster than the unpacked call
+    // on most of the ViTs' products (the backward pass's most).
+    thread_local std::vector<uint16_t> packed;
+    packed.resize(gemm_bf16_pack_size(kBMatrix, m, n, k) / sizeof(uint16_t) + 1);
+    gemm_bf16_pack(kRowMajor, kBMatrix, transpose_b ? kTrans : kNoTrans, m, n, k, b, ldb,
+                   packed.data());
+    gemm_bf16_compute(kRowMajor, transpose_a ? kTrans : kNoTrans, kPacked, m, n, k, 1.0f, a,
+                      lda, packed.data(), ldb, 0.0f, c, n);
+    return true;
+  }
   gemm_bf16(kRowMajor, transpose_a ? kTrans : kNoTrans, transpose_b ? kTrans : kNoTrans, m, n,
             k, 1.0f, a, lda, b, ldb, 0.0f, c, n);
   return true;
@@ -58,11 +74,18 @@ static ffi::Error GemmHandler(ffi::Buffer<kType, 2> a, ffi::Buffer<kType, 2> b,
 
 }  // namespace vit_jax
 
-extern "C" void vit_jax_set_blas(void* sgemm, void* set_threads_local, void* gemm_bf16) {
+extern "C" void vit_jax_set_blas(void* sgemm, void* set_threads_local, void* gemm_bf16,
+                                 void* pack_size, void* pack, void* compute) {
   vit_jax::sgemm = reinterpret_cast<vit_jax::Sgemm>(sgemm);
   vit_jax::set_threads_local =
       reinterpret_cast<vit_jax::SetThreadsLocal>(set_threads_local);
   vit_jax::gemm_bf16 = reinterpret_cast<vit_jax::GemmBf16>(gemm_bf16);
+  const bool packing = pack_size && pack && compute;
+  vit_jax::gemm_bf16_pack_size =
+      packing ? reinterpret_cast<vit_jax::GemmBf16PackSize>(pack_size) : nullptr;
+  vit_jax::gemm_bf16_pack = packing ? reinterpret_cast<vit_jax::GemmBf16Pack>(pack) : nullptr;
+  vit_jax::gemm_bf16_compute =
+      packing ? reinterpret_cast<vit_jax::GemmBf16Compute>(compute) : nullptr;
 }
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxGemmF32, (vit_jax::GemmHandler<ffi::F32, float>),
