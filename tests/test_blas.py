@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from vit_jax import kernels, models
-from vit_jax.kernels import blas
+from vit_jax.kernels import blas, blas_attention
 from vit_jax.flops import count_flops
 
 try:
@@ -194,9 +194,9 @@ def test_flops_of_blas_products_count_like_xla(dtype):
       grad_fn(model), params) > 0
   # The attention kernels (forward without and with the weights kept, backward).
   forward = lambda m: (lambda p: m.apply({'params': p}, images))  # noqa: E731
-  blas_attention = model.clone(attention_impl='blas')
+  on_blas = model.clone(attention_impl='blas')
   for fn in (forward, grad_fn):
-    assert count_flops(_on_blas(fn(blas_attention)), params) == count_flops(
+    assert count_flops(_on_blas(fn(on_blas)), params) == count_flops(
         fn(model.clone(attention_impl='plain')), params)
 
 
@@ -326,11 +326,11 @@ def test_numpys_openblas_runs_the_kernels_too():
   """Without MKL the kernels run on the OpenBLAS inside NumPy's wheels, threads and all."""
   out = _on_numpys_openblas(
       'import jax, jax.numpy as jnp, numpy as np\n'
-      'from vit_jax.kernels import blas\n'
+      'from vit_jax.kernels import blas, blas_attention\n'
       'from vit_jax.models import plain_attention\n'
       'r = np.random.default_rng(0)\n'
       'q, k, v = (jnp.asarray(r.standard_normal((4, 9, 3, 8), np.float32)) for _ in range(3))\n'
-      'np.testing.assert_allclose(jax.jit(blas.attention)(q, k, v),\n'
+      'np.testing.assert_allclose(jax.jit(blas_attention.attention)(q, k, v),\n'
       '                           plain_attention(q, k, v)[0], rtol=1e-5, atol=1e-5)\n'
       'a, b = r.standard_normal((64, 48), np.float32), r.standard_normal((48, 32), np.float32)\n'
       'np.testing.assert_allclose(jax.jit(blas.matmul)(a, b), a @ b, rtol=1e-4, atol=1e-4)\n'
@@ -355,14 +355,14 @@ def test_attention_and_its_gradients_match_plain_attention():
   reference = lambda q, k, v: models.plain_attention(q, k, v)[0]  # noqa: E731
   want_out = reference(query, key, value)
   # Called plainly, the kernel that keeps no weights; under jax.vjp, the one that does.
-  assert blas.ATTENTION_INFERENCE_TARGET in str(jax.make_jaxpr(blas.attention)(
+  assert blas.ATTENTION_INFERENCE_TARGET in str(jax.make_jaxpr(blas_attention.attention)(
       query, key, value))
-  np.testing.assert_allclose(jax.jit(blas.attention)(query, key, value), want_out,
+  np.testing.assert_allclose(jax.jit(blas_attention.attention)(query, key, value), want_out,
                              rtol=1e-5, atol=1e-6)
-  vjp_out = jax.jit(lambda *qkv: jax.vjp(blas.attention, *qkv)[0])(query, key, value)
+  vjp_out = jax.jit(lambda *qkv: jax.vjp(blas_attention.attention, *qkv)[0])(query, key, value)
   np.testing.assert_allclose(vjp_out, want_out, rtol=1e-5, atol=1e-6)
   loss = lambda f: (lambda *qkv: jnp.sum(jnp.sin(3 * f(*qkv))))  # noqa: E731
-  got = jax.jit(jax.grad(loss(blas.attention), argnums=(0, 1, 2)))(query, key, value)
+  got = jax.jit(jax.grad(loss(blas_attention.attention), argnums=(0, 1, 2)))(query, key, value)
   want = jax.jit(jax.grad(loss(reference), argnums=(0, 1, 2)))(query, key, value)
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
@@ -380,17 +380,18 @@ def _exact_attention(query, key, value):
 def test_bfloat16_attention_is_within_bfloat16_rounding_of_the_exact_value():
   query, key, value = (x.astype(jnp.bfloat16) for x in (
       _random(2, 5, 3, 8), _random(2, 7, 3, 8), _random(2, 7, 3, 8)))
-  assert blas.ATTENTION_INFERENCE_BF16_TARGET in str(jax.make_jaxpr(blas.attention_bfloat16)(
+  bfloat16_attention = blas_attention.attention_bfloat16
+  assert blas.ATTENTION_INFERENCE_BF16_TARGET in str(jax.make_jaxpr(bfloat16_attention)(
       query, key, value))
-  got = jax.jit(blas.attention_bfloat16)(query, key, value)
+  got = jax.jit(bfloat16_attention)(query, key, value)
   assert got.dtype == jnp.bfloat16 and got.shape == query.shape
   exact = _exact_attention(query, key, value)
   # The weights and the result each rounded to bfloat16 (8 significant bits) once.
   np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=2 ** -7,
                              atol=2 ** -8 * np.abs(exact).max())
   # A NaN in one query reaches that query's row of that head, and nothing else.
-  nan_out = np.asarray(jax.jit(blas.attention_bfloat16)(query.at[1, 2, 0, 3].set(jnp.nan), key,
-                                                        value), np.float32)
+  nan_out = np.asarray(jax.jit(bfloat16_attention)(query.at[1, 2, 0, 3].set(jnp.nan), key,
+                                                   value), np.float32)
   assert np.isnan(nan_out[1, 2, 0]).all() and np.isnan(nan_out).sum() == nan_out.shape[-1]
 
 
@@ -403,19 +404,33 @@ def test_bfloat16_attention_trains_as_float32_attention_rounded():
   cotangent = _random(2, 5, 3, 8)
 
   def as_float32(q, k, v):
-    return blas.attention(*(x.astype(jnp.float32) for x in (q, k, v))).astype(jnp.bfloat16)
+    float32 = (x.astype(jnp.float32) for x in (q, k, v))
+    return blas_attention.attention(*float32).astype(jnp.bfloat16)
 
   def vjp(fn):
     out, pullback = jax.vjp(fn, query, key, value)
     return (out, *pullback(cotangent.astype(jnp.bfloat16)))
 
-  got, want = jax.jit(lambda: vjp(blas.attention_bfloat16))(), jax.jit(lambda: vjp(as_float32))()
+  got = jax.jit(lambda: vjp(blas_attention.attention_bfloat16))()
+  want = jax.jit(lambda: vjp(as_float32))()
   for g, w in zip(got, want):
     assert g.dtype == jnp.bfloat16
     np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
-  jaxpr = str(jax.make_jaxpr(lambda: vjp(blas.attention_bfloat16))())
+  jaxpr = str(jax.make_jaxpr(lambda: vjp(blas_attention.attention_bfloat16))())
   assert blas.ATTENTION_FORWARD_TARGET in jaxpr and blas.ATTENTION_BACKWARD_TARGET in jaxpr
   assert blas.ATTENTION_INFERENCE_BF16_TARGET not in jaxpr
+
+
+def test_bfloat16_attention_without_mkls_bfloat16_product_attends_in_float32(monkeypatch):
+  monkeypatch.setattr(blas, 'has_bfloat16_products', lambda: False)
+  query, key, value = (_random(2, 5, 3, 8).astype(jnp.bfloat16) for _ in range(3))
+  jaxpr = str(jax.make_jaxpr(blas_attention.attention_bfloat16)(query, key, value))
+  assert blas.ATTENTION_INFERENCE_TARGET in jaxpr
+  assert blas.ATTENTION_INFERENCE_BF16_TARGET not in jaxpr
+  float32 = (x.astype(jnp.float32) for x in (query, key, value))
+  np.testing.assert_array_equal(
+      np.asarray(jax.jit(blas_attention.attention_bfloat16)(query, key, value), np.float32),
+      np.asarray(blas_attention.attention(*float32).astype(jnp.bfloat16), np.float32))
 
 
 def test_blas_attention_module_masked_calls_run_head_major():

@@ -36,7 +36,7 @@ def _blas_gemm_flops(eqn) -> int:
 
 
 def _blas_attention_flops(eqn) -> int:
-  """`vit_jax.kernels.blas.attention`: q k^T and p v (forward), four products (backward)."""
+  """`vit_jax.kernels.blas_attention`: q k^T and p v (forward), four products (backward)."""
   batch, queries, heads, head_dim = eqn.invars[0].aval.shape
   keys = eqn.invars[1].aval.shape[1]
   products = 4 if eqn.params['target_name'] == blas.ATTENTION_BACKWARD_TARGET else 2

@@ -11,8 +11,7 @@ builds on them:
 - `matmul(a, b)`: a 2-D product with its own gradient (no transposed copies);
 - `dot_general`: a drop-in for `lax.dot_general` that Flax `Dense` and
   `DenseGeneral` accept; products it cannot express fall back to XLA;
-- `attention(q, k, v)`: unmasked multi-head attention on (B, T, N, H) inputs,
-  with its own gradient;
+- the FFI targets of `attention.cc`, which `vit_jax.kernels.blas_attention` calls;
 - `resolve_matmul`: what the option `matmul` of `vit_jax.kernels.use` ('auto',
   'xla', 'blas') means on this machine for the products, `attention_on_blas` for
   attention.
@@ -288,7 +287,7 @@ def resolve_matmul(matmul: str, *, dtype=jnp.float32) -> str:
 
 
 def attention_on_blas(matmul: str, *, dtype=jnp.float32) -> bool:
-  """Whether attention 'auto' runs `attention` here, under the option `matmul`.
+  """Whether attention 'auto' runs `blas_attention.attention` here, under the option `matmul`.
 
   Where the products are on the BLAS (`resolve_matmul`), attention is too. On AMD CPUs,
   'auto' keeps the products on XLA's kernels and runs attention alone on MKL: there a train
@@ -365,67 +364,3 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=Non
   contracted = math.prod(rhs.shape[:count])
   out = matmul(lhs.reshape(-1, contracted), rhs.reshape(contracted, -1))
   return out.reshape(lhs.shape[:lhs.ndim - count] + rhs.shape[count:])
-
-
-@jax.custom_vjp
-def attention(query: jax.Array, key: jax.Array, value: jax.Array) -> jax.Array:
-  """softmax(q k^T / sqrt(H)) v per head, unmasked, float32, on the BLAS.
-
-  query (B, T, N, H), key and value (B, S, N, H) -> (B, T, N, H). When
-  differentiated, the forward pass keeps the weights (B, N, T, S) for the
-  backward pass: memory grows with T * S, like `plain_attention`'s. Otherwise
-  each head's weights stay in a per-thread buffer.
-  """
-  load()
-  call = jax.ffi.ffi_call(ATTENTION_INFERENCE_TARGET,
-                          jax.ShapeDtypeStruct(query.shape, jnp.float32),
-                          vmap_method='sequential')
-  return call(query, key, value)
-
-
-def _attention_fwd(query, key, value):
-  batch, queries, heads, _ = query.shape
-  load()
-  shapes = (jax.ShapeDtypeStruct(query.shape, jnp.float32),
-            jax.ShapeDtypeStruct((batch, heads, queries, key.shape[1]), jnp.float32))
-  call = jax.ffi.ffi_call(ATTENTION_FORWARD_TARGET, shapes, vmap_method='sequential')
-  out, probs = call(query, key, value)
-  return out, (query, key, value, probs)
-
-
-def _attention_bwd(residuals, d_out):
-  query, key, value, probs = residuals
-  shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (query, key, value))
-  call = jax.ffi.ffi_call(ATTENTION_BACKWARD_TARGET, shapes, vmap_method='sequential')
-  return tuple(call(query, key, value, probs, d_out.astype(jnp.float32)))
-
-
-attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-@jax.custom_vjp
-def attention_bfloat16(query: jax.Array, key: jax.Array, value: jax.Array) -> jax.Array:
-  """`attention` of bfloat16 inputs (where `has_bfloat16_products`), bfloat16 result.
-
-  Undifferentiated, on MKL's bfloat16 product: the scores accumulated and the softmax
-  computed in float32, the weights rounded to bfloat16 for the second product (as torch's
-  and XLA's bfloat16 attention round them), its float32 sums rounded once. Differentiated,
-  `attention` in float32, the result rounded to bfloat16.
-  """
-  load()
-  call = jax.ffi.ffi_call(ATTENTION_INFERENCE_BF16_TARGET,
-                          jax.ShapeDtypeStruct(query.shape, jnp.bfloat16),
-                          vmap_method='sequential')
-  return call(query, key, value)
-
-
-def _attention_bfloat16_fwd(query, key, value):
-  out, residuals = _attention_fwd(*(x.astype(jnp.float32) for x in (query, key, value)))
-  return out.astype(jnp.bfloat16), residuals
-
-
-def _attention_bfloat16_bwd(residuals, d_out):
-  return tuple(grad.astype(jnp.bfloat16) for grad in _attention_bwd(residuals, d_out))
-
-
-attention_bfloat16.defvjp(_attention_bfloat16_fwd, _attention_bfloat16_bwd)

@@ -3,8 +3,8 @@
 The models of `vit_jax.models` are plain Flax: their Dense layers multiply with XLA,
 attention runs a kernel of `vit_jax.models.attention.KERNELS`, and dropout draws its masks
 with `jax.random.bernoulli`. Importing `vit_jax.kernels` registers one more attention
-kernel, 'blas' (`blas.attention` for unmasked float32 inputs, and bfloat16 ones in float32,
-else 'head_major'), and
+kernel, 'blas' (`blas_attention` for unmasked float32 and bfloat16 inputs, else
+'head_major'), and
 inside `with use(matmul, dropout):`
 
 - every `nn.Dense` and `nn.DenseGeneral` whose products `matmul` puts on the BLAS
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.kernels import blas, dropout as dropout_lib
+from vit_jax.kernels import blas, blas_attention, dropout as dropout_lib
 from vit_jax.models import attention
 
 DROPOUT_MASKS = ('hash', 'jax')
@@ -112,24 +112,17 @@ _DROPOUT_SIGNATURE = inspect.signature(
 
 
 def _blas_attention(query, key, value, mask):
-  """`blas.attention` where it applies (unmasked), else head-major attention.
-
-  bfloat16 inputs go to `blas.attention_bfloat16` where MKL multiplies bfloat16, else they
-  are attended in float32 and the result rounded back: XLA:CPU emulates bfloat16
-  arithmetic, which makes its bfloat16 attention slower than float32 on the BLAS.
-  """
+  """`blas_attention` where it applies (unmasked float32 or bfloat16), else head-major
+  attention."""
   if mask is None and query.dtype == jnp.float32:
-    return blas.attention(query, key, value)
-  if mask is None and query.dtype == jnp.bfloat16 and blas.has_bfloat16_products():
-    return blas.attention_bfloat16(query, key, value)
+    return blas_attention.attention(query, key, value)
   if mask is None and query.dtype == jnp.bfloat16:
-    as_float32 = (x.astype(jnp.float32) for x in (query, key, value))
-    return blas.attention(*as_float32).astype(jnp.bfloat16)
+    return blas_attention.attention_bfloat16(query, key, value)
   return attention.head_major_attention(query, key, value, mask)
 
 
 def attention_on_blas(dtype=jnp.float32) -> bool:
-  """Whether attention 'auto' traced here runs `blas.attention` (`blas.attention_on_blas`)."""
+  """Whether attention 'auto' traced here runs `blas_attention` (`blas.attention_on_blas`)."""
   matmul = _MATMUL.get()
   return matmul is not None and blas.attention_on_blas(matmul, dtype=dtype)
 

@@ -1,0 +1,84 @@
+"""Unmasked multi-head attention on the BLAS: the Python side of `attention.cc`.
+
+q (B, T, N, H), k and v (B, S, N, H) in the layout the projections produce. `attention`
+(float32) and `attention_bfloat16` have their own gradients; undifferentiated, they call
+kernels that keep no attention weights. The kernels are built and registered by
+`vit_jax.kernels.blas.load`.
+"""
+
+import jax
+import jax.numpy as jnp
+
+from vit_jax.kernels import blas
+
+
+def _forward_only(target: str, dtype, query, key, value) -> jax.Array:
+  """The forward-only kernel `target` on (query, key, value), its result in `dtype`."""
+  blas.load()
+  call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(query.shape, dtype),
+                          vmap_method='sequential')
+  return call(query, key, value)
+
+
+@jax.custom_vjp
+def attention(query: jax.Array, key: jax.Array, value: jax.Array) -> jax.Array:
+  """softmax(q k^T / sqrt(H)) v per head, unmasked, float32, on the BLAS.
+
+  query (B, T, N, H), key and value (B, S, N, H) -> (B, T, N, H). When
+  differentiated, the forward pass keeps the weights (B, N, T, S) for the
+  backward pass: memory grows with T * S, like `plain_attention`'s. Otherwise
+  each head's weights stay in a per-thread buffer.
+  """
+  return _forward_only(blas.ATTENTION_INFERENCE_TARGET, jnp.float32, query, key, value)
+
+
+def _attention_fwd(query, key, value):
+  batch, queries, heads, _ = query.shape
+  blas.load()
+  shapes = (jax.ShapeDtypeStruct(query.shape, jnp.float32),
+            jax.ShapeDtypeStruct((batch, heads, queries, key.shape[1]), jnp.float32))
+  call = jax.ffi.ffi_call(blas.ATTENTION_FORWARD_TARGET, shapes, vmap_method='sequential')
+  out, probs = call(query, key, value)
+  return out, (query, key, value, probs)
+
+
+def _attention_bwd(residuals, d_out):
+  query, key, value, probs = residuals
+  shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (query, key, value))
+  call = jax.ffi.ffi_call(blas.ATTENTION_BACKWARD_TARGET, shapes, vmap_method='sequential')
+  return tuple(call(query, key, value, probs, d_out.astype(jnp.float32)))
+
+
+attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _as_float32(*arrays):
+  return tuple(x.astype(jnp.float32) for x in arrays)
+
+
+@jax.custom_vjp
+def attention_bfloat16(query: jax.Array, key: jax.Array, value: jax.Array) -> jax.Array:
+  """`attention` of bfloat16 inputs, bfloat16 result.
+
+  Undifferentiated, where MKL multiplies bfloat16 (`blas.has_bfloat16_products`), on its
+  bfloat16 product: the scores accumulated and the softmax computed in float32, the weights
+  rounded to bfloat16 for the second product (as torch's and XLA's bfloat16 attention round
+  them), its float32 sums rounded once. Differentiated, or without that product, `attention`
+  in float32, the result rounded to bfloat16 (XLA:CPU emulates bfloat16 arithmetic, which
+  makes its bfloat16 attention slower than float32 on the BLAS).
+  """
+  if not blas.has_bfloat16_products():
+    return attention(*_as_float32(query, key, value)).astype(jnp.bfloat16)
+  return _forward_only(blas.ATTENTION_INFERENCE_BF16_TARGET, jnp.bfloat16, query, key, value)
+
+
+def _attention_bfloat16_fwd(query, key, value):
+  out, residuals = _attention_fwd(*_as_float32(query, key, value))
+  return out.astype(jnp.bfloat16), residuals
+
+
+def _attention_bfloat16_bwd(residuals, d_out):
+  return tuple(grad.astype(jnp.bfloat16) for grad in _attention_bwd(residuals, d_out))
+
+
+attention_bfloat16.defvjp(_attention_bfloat16_fwd, _attention_bfloat16_bwd)
