@@ -8,6 +8,7 @@ from benchmark_helpers import run_benchmark
 
 from vit_jax import decode, models
 from vit_jax.benchmark import cli, hlo_costs, steps, trace
+from vit_jax.kernels import blas
 from test_benchmark_seq2seq import TINY_SEQ2SEQ
 
 
@@ -70,6 +71,13 @@ def test_host_ops_that_call_a_library_are_named_and_counted_by_their_target():
   without_hlo = trace.summarise({'traceEvents': host}, steps=1)
   assert {r['name'] for r in without_hlo['categories']} == {'other',
                                                             'fusion (elementwise/reduce)'}
+
+
+def test_every_cpu_kernel_target_has_its_category():
+  targets = {blas.GEMM_TARGET: 'matmul', blas.GEMM_BF16_TARGET: 'matmul',
+             blas.DENSE_BF16_TARGET: 'matmul',
+             **{target: 'attention' for target in blas.ATTENTION_TARGETS}}
+  assert {t: trace.category(f'ffi_call.7 ({t})') for t in targets} == targets
 
 
 def test_trace_of_a_real_train_step_adds_up(tmp_path, capsys):

@@ -131,9 +131,10 @@ def test_a_bfloat16_vit_on_blas_matches_xla():
   got, want = got.astype(np.float32), want.astype(np.float32)
   np.testing.assert_allclose(got, want, atol=2 ** -6 * float(np.abs(want).max()))
   jaxpr = str(jax.make_jaxpr(_on_blas(apply))(params))
-  # Every Dense product (q, k, v, out, 2 MLP per block; the head) on the BLAS, and attention
-  # on its bfloat16 kernel.
-  assert jaxpr.count(blas.GEMM_BF16_TARGET) == 6 * model.num_layers + 1
+  # Every Dense product (q, k, v, out, 2 MLP per block; the head) on the BLAS (where MKL packs,
+  # with its bias: tests/test_blas_dense.py), and attention on its bfloat16 kernel.
+  assert (jaxpr.count(blas.GEMM_BF16_TARGET) + jaxpr.count(blas.DENSE_BF16_TARGET)
+          == 6 * model.num_layers + 1)
   assert jaxpr.count(blas.ATTENTION_INFERENCE_BF16_TARGET) == model.num_layers
 
 
@@ -271,7 +272,9 @@ def test_auto_runs_bfloat16_on_mkl_where_the_cpu_has_amx(monkeypatch, vendor, am
                 models.resolve_attention_impl('auto', backend='cpu', dtype=jnp.bfloat16))
     jaxpr = str(jax.make_jaxpr(lambda p: model.apply({'params': p}, images))(params))
   assert resolved == expected
-  assert (blas.GEMM_BF16_TARGET in jaxpr) == (expected[0] == 'blas')
+  # The products with their bias where MKL packs (tests/test_blas_dense.py).
+  on_blas = blas.GEMM_BF16_TARGET in jaxpr or blas.DENSE_BF16_TARGET in jaxpr
+  assert on_blas == (expected[0] == 'blas')
   assert (blas.ATTENTION_INFERENCE_BF16_TARGET in jaxpr) == (expected[1] == 'blas')
   assert blas.resolve_matmul('auto') == ('blas' if vendor == 'GenuineIntel' else 'xla')
 

@@ -30,7 +30,7 @@ def _conv_flops(eqn) -> int:
 def _blas_gemm_flops(eqn) -> int:
   """A `vit_jax.kernels.blas` product: out (M, N), op(a) (M, K)."""
   a_shape = eqn.invars[0].aval.shape
-  transpose_a = dict(eqn.params['attributes'])['transpose_a']
+  transpose_a = dict(eqn.params['attributes']).get('transpose_a', False)
   contract = a_shape[0] if transpose_a else a_shape[1]
   return math.prod(eqn.outvars[0].aval.shape) * contract
 

@@ -31,7 +31,7 @@ CATEGORIES: tuple[tuple[str, re.Pattern], ...] = tuple(
         ('matmul', r'implicit_gemm|convolve'),
         ('attention', r'fmha|flash|sdpa|dot_product_attention|cudnn(?![-_]?conv)'
                       r'|vit_jax_attention'),
-        ('matmul', r'gemm|cublas|cutlass|nvjet|dot|convolution|conv(?!ert)'),
+        ('matmul', r'gemm|vit_jax_dense|cublas|cutlass|nvjet|dot|convolution|conv(?!ert)'),
         ('collective', r'all[-_]reduce|all[-_]gather|reduce[-_]scatter|all[-_]to[-_]all|nccl'
                        r'|collective'),
         ('copy/transpose', r'copy|transpose|memcpy|dynamic[-_]update[-_]slice'),

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "blas.h"
+#include "parallel_for.h"
+#include "vector_math.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -49,29 +51,6 @@ bool GetDims(const Tensor& q, const Tensor& k, const Tensor& v, Dims* dims) {
     if (kd[i] != qd[i] || vd[i] != qd[i]) return false;
   }
   return kd[1] == vd[1];
-}
-
-// exp(x) for x <= 0 (softmax after subtracting the row maximum): 2^n * p(r)
-// with a degree-6 polynomial (Cephes' expf, within 1 ulp), written so that the
-// compiler vectorises the loops that call it: n is rounded by adding and
-// subtracting 1.5 * 2^23, as GCC does not vectorise floorf (check with
-// -fopt-info-vec).
-inline float ExpNonPositive(float x) {
-  constexpr float kRoundToInteger = 12582912.0f;  // 1.5 * 2^23.
-  x = std::max(x, -87.0f);
-  const float n = (x * 1.44269504088896341f + kRoundToInteger) - kRoundToInteger;
-  const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
 }
 
 // Reductions over a row in kLanes independent partial results, which the
@@ -121,49 +100,6 @@ void SoftmaxRows(float* logits, int64_t rows, int64_t length) {
     const float inv = 1.0f / Reduce(length, 0.0f, SumOf{row});
     for (int64_t s = 0; s < length; ++s) row[s] *= inv;
   }
-}
-
-// The bfloat16 nearest to x (its bits), ties to even; NaN stays NaN.
-inline uint16_t RoundToBfloat16(float x) {
-  uint32_t bits;
-  std::memcpy(&bits, &x, sizeof(bits));
-  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
-  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
-  return static_cast<uint16_t>(nan ? (bits >> 16) | 0x40u : rounded);
-}
-
-// Runs work(i) for i in [0, count) on the calling thread and on up to
-// pool.num_threads() tasks of XLA's pool. The caller waits only for work that
-// was started, never for a task to be scheduled, so a busy pool cannot
-// deadlock it: tasks that start late find nothing left and return.
-template <typename Work>
-void ParallelFor(ffi::ThreadPool& pool, int64_t count, const Work& work) {
-  struct State {
-    std::atomic<int64_t> next{0}, done{0};
-    std::mutex mutex;
-    std::condition_variable finished;
-  };
-  auto state = std::make_shared<State>();
-  auto drain = [count](State& s, const Work& w) {
-    // One BLAS thread per worker: the parallelism is over the items.
-    const int previous = set_threads_local ? set_threads_local(1) : 0;
-    for (int64_t i; (i = s.next.fetch_add(1)) < count;) {
-      w(i);
-      if (s.done.fetch_add(1) + 1 == count) {
-        std::lock_guard<std::mutex> lock(s.mutex);
-        s.finished.notify_all();
-      }
-    }
-    if (set_threads_local) set_threads_local(previous);
-  };
-  const int64_t helpers = std::min<int64_t>(pool.num_threads(), count - 1);
-  for (int64_t t = 0; t < helpers; ++t) {
-    // `work` lives until this call returns, which is after its last item ran.
-    pool.Schedule([state, drain, &work] { drain(*state, work); });
-  }
-  drain(*state, work);
-  std::unique_lock<std::mutex> lock(state->mutex);
-  state->finished.wait(lock, [&] { return state->done.load() == count; });
 }
 
 // Head n of example b: P = softmax(scale Q K^T), (T, S), into `p`; O = P V,

@@ -4,14 +4,16 @@ XLA:CPU multiplies float32 matrices with its own kernels (YNNPACK, Eigen). On
 Intel CPUs MKL is faster on the shapes of ViT layers, and it reads transposed
 or strided operands in place, where XLA copies them (before the weight-gradient
 products, and into head-major order for attention). This module compiles
-`gemm.cc` and `attention.cc` with the system C++ compiler (once per machine and
+`gemm.cc`, `attention.cc` and `dense.cc` with the system C++ compiler (once per machine and
 jaxlib version, into a cache directory), registers them as XLA FFI targets and
 builds on them:
 
 - `matmul(a, b)`: a 2-D product with its own gradient (no transposed copies);
 - `dot_general`: a drop-in for `lax.dot_general` that Flax `Dense` and
   `DenseGeneral` accept; products it cannot express fall back to XLA;
-- the FFI targets of `attention.cc`, which `vit_jax.kernels.blas_attention` calls;
+- the FFI targets of `attention.cc`, which `vit_jax.kernels.blas_attention` calls, and of
+  `dense.cc` (bfloat16 Dense layers with their bias and activation), which
+  `vit_jax.kernels.blas_dense` calls;
 - `resolve_matmul`: what the option `matmul` of `vit_jax.kernels.use` ('auto',
   'xla', 'blas') means on this machine for the products, `attention_on_blas` for
   attention.
@@ -44,11 +46,14 @@ from jax import lax
 from vit_jax import errors
 
 MATMUL_IMPLEMENTATIONS = ('auto', 'xla', 'blas')
-SOURCES = ('gemm.cc', 'attention.cc')
-HEADERS = ('blas.h',)
+SOURCES = ('gemm.cc', 'attention.cc', 'dense.cc')
+HEADERS = ('blas.h', 'parallel_for.h', 'vector_math.h')
 GEMM_TARGET = 'vit_jax_gemm_f32'
 GEMM_BF16_TARGET = 'vit_jax_gemm_bf16'  # bfloat16 operands, float32 result (MKL only).
-GEMM_TARGETS = (GEMM_TARGET, GEMM_BF16_TARGET)
+# bfloat16 activation(x @ w + bias), bfloat16 result, forward only (MKL's packed product).
+DENSE_BF16_TARGET = 'vit_jax_dense_bf16'
+# The products (out (M, N) = op(a) (M, K) @ op(b); `transpose_a` attribute if any).
+GEMM_TARGETS = (GEMM_TARGET, GEMM_BF16_TARGET, DENSE_BF16_TARGET)
 ATTENTION_FORWARD_TARGET = 'vit_jax_attention_fwd_f32'  # Also returns the weights.
 ATTENTION_INFERENCE_TARGET = 'vit_jax_attention_f32'  # Forward only: no weights kept.
 ATTENTION_BACKWARD_TARGET = 'vit_jax_attention_bwd_f32'
@@ -210,7 +215,8 @@ def _load() -> tuple[Blas | None, str | None]:
                 ATTENTION_FORWARD_TARGET: kernels.VitJaxAttentionForwardF32,
                 ATTENTION_INFERENCE_TARGET: kernels.VitJaxAttentionInferenceF32,
                 ATTENTION_BACKWARD_TARGET: kernels.VitJaxAttentionBackwardF32,
-                ATTENTION_INFERENCE_BF16_TARGET: kernels.VitJaxAttentionInferenceBf16}
+                ATTENTION_INFERENCE_BF16_TARGET: kernels.VitJaxAttentionInferenceBf16,
+                DENSE_BF16_TARGET: kernels.VitJaxDenseBf16}
     for target, handler in handlers.items():
       jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform='cpu')
     _LIBRARIES.extend([blas_library, kernels])  # Keep both loaded for the process.

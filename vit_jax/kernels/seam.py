@@ -13,7 +13,10 @@ inside `with use(matmul, dropout):`
   Intel CPUs with MKL, and bfloat16 there with AMX), and for float32 on AMD CPUs with MKL,
   where the products stay on XLA (`blas.attention_on_blas`);
 - with `dropout='hash'`, every `nn.Dropout` draws its masks from `dropout.bernoulli`
-  (a counter hash; the same keep probability, far cheaper than threefry on CPUs).
+  (a counter hash; the same keep probability, far cheaper than threefry on CPUs);
+- a bfloat16 `layers.MlpBlock` whose products are on MKL's packed bfloat16 product, run
+  without dropout, computes each Dense layer with its bias and activation in one kernel
+  (`blas_dense.dense_bfloat16`).
 
 The choice is made while a function is traced, so a jitted function keeps what it was
 first traced with. The trainer and the benchmark run inside
@@ -29,8 +32,8 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.kernels import blas, blas_attention, dropout as dropout_lib
-from vit_jax.models import attention
+from vit_jax.kernels import blas, blas_attention, blas_dense, dropout as dropout_lib
+from vit_jax.models import attention, layers
 
 DROPOUT_MASKS = ('hash', 'jax')
 # The `matmul` option of the innermost `use`; None outside.
@@ -55,6 +58,7 @@ def use(matmul: str = 'auto', dropout: str = 'hash'):
   try:
     with contextlib.ExitStack() as stack:
       stack.enter_context(nn.intercept_methods(_products_on_blas))
+      stack.enter_context(nn.intercept_methods(_mlp_in_dense_kernels))
       if dropout == 'hash':
         stack.enter_context(nn.intercept_methods(_hashed_dropout))
       yield
@@ -69,18 +73,63 @@ def products_on_blas(dtype=jnp.float32) -> bool:
 
 
 def _products_on_blas(next_fun, args, kwargs, context):
-  """Flax interceptor: a Dense layer with XLA's product gets `blas.dot_general` instead."""
+  """Flax interceptor: a Dense layer with XLA's product gets `blas.dot_general` instead, or,
+  in bfloat16 with a bias where `blas_dense` runs, `blas_dense.dense_bfloat16` for the whole
+  layer."""
   layer = context.module
-  if (context.method_name == '__call__' and isinstance(layer, (nn.Dense, nn.DenseGeneral))
-      and layer.dot_general is None and layer.dot_general_cls is None
-      and products_on_blas(layer.dtype or jnp.result_type(*jax.tree.leaves(args)))):
-    # Layers are frozen dataclasses; the product is swapped for this one call only.
-    object.__setattr__(layer, 'dot_general', blas.dot_general)
-    try:
-      return next_fun(*args, **kwargs)
-    finally:
-      object.__setattr__(layer, 'dot_general', None)
-  return next_fun(*args, **kwargs)
+  if not (context.method_name == '__call__' and isinstance(layer, (nn.Dense, nn.DenseGeneral))
+          and layer.dot_general is None and layer.dot_general_cls is None
+          and products_on_blas(layer.dtype or jnp.result_type(*jax.tree.leaves(args)))):
+    return next_fun(*args, **kwargs)
+  params = _dense_params(layer, args)
+  if params is not None:
+    return blas_dense.dense_bfloat16(args[0], params['kernel'], params['bias'])
+  # Layers are frozen dataclasses; the product is swapped for this one call only.
+  object.__setattr__(layer, 'dot_general', blas.dot_general)
+  try:
+    return next_fun(*args, **kwargs)
+  finally:
+    object.__setattr__(layer, 'dot_general', None)
+
+
+def _dense_params(layer, args) -> dict | None:
+  """The bound kernel and bias of a bfloat16 Dense or DenseGeneral (trailing axes contracted,
+  no batch axes) that `blas_dense.dense_bfloat16` computes here; None for any other layer."""
+  if not (type(layer) in (nn.Dense, nn.DenseGeneral) and len(args) == 1
+          and layer.dtype is not None and jnp.dtype(layer.dtype) == jnp.bfloat16
+          and layer.use_bias):
+    return None
+  if isinstance(layer, nn.DenseGeneral):
+    axes = (layer.axis,) if isinstance(layer.axis, int) else tuple(layer.axis)
+    rank = jnp.ndim(args[0])
+    if layer.batch_dims or tuple(a % rank for a in axes) != tuple(
+        range(rank - len(axes), rank)):
+      return None
+  params = nn.meta.unbox(layer.variables.get('params', {}))
+  if 'kernel' not in params or 'bias' not in params or not blas_dense.available():
+    return None
+  return params
+
+
+def _mlp_in_dense_kernels(next_fun, args, kwargs, context):
+  """Flax interceptor: a bfloat16 `layers.MlpBlock` without dropout, its products on MKL's
+  packed bfloat16 product and its params bound, runs `blas_dense.dense_bfloat16` for each of
+  its two Dense layers (`Dense_0` with the activation), the params Flax would use."""
+  block = context.module
+  if context.method_name != '__call__' or type(block) is not layers.MlpBlock:
+    return next_fun(*args, **kwargs)
+  deterministic = kwargs.get('deterministic', True)
+  params = block.variables.get('params', {})
+  dense = [nn.meta.unbox(params.get(f'Dense_{i}', {})) for i in range(2)]
+  if not (len(args) == 1 and jnp.dtype(block.dtype) == jnp.bfloat16
+          and block.activation is not None and block.activation in blas_dense.ACTIVATIONS
+          and (deterministic is True or block.dropout_rate == 0)
+          and all('kernel' in d and 'bias' in d for d in dense)
+          and products_on_blas(jnp.bfloat16) and blas_dense.available()):
+    return next_fun(*args, **kwargs)
+  hidden = blas_dense.dense_bfloat16(args[0], dense[0]['kernel'], dense[0]['bias'],
+                                     block.activation)
+  return blas_dense.dense_bfloat16(hidden, dense[1]['kernel'], dense[1]['bias'])
 
 
 def _hashed_dropout(next_fun, args, kwargs, context):

@@ -1,0 +1,86 @@
+"""bfloat16 Dense layers for inference on MKL, the bias and the activation in the product's
+epilogue: the Python side of `dense.cc`.
+
+XLA:CPU gets the float32 result of each bfloat16 product on the BLAS (`blas.matmul`) and
+then adds the bias and applies the activation in a separate pass over memory, rounding to
+bfloat16 on the way. `dense_bfloat16` instead multiplies panels of rows and applies the bias
+and the activation to each panel's float32 product while it is in cache, rounding once.
+"""
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vit_jax.kernels import blas
+from vit_jax.models import layers
+
+# The activations the kernel applies, with their codes in `dense.cc` (None: none). 'gelu'
+# is Flax's `nn.gelu`, the tanh form.
+ACTIVATIONS = {None: 0, 'gelu': 1, 'relu': 2}
+# Rows of x a thread multiplies at a time: their float32 products stay in its cache.
+_PANEL_ROWS = 128
+
+
+def available() -> bool:
+  """Whether `dense_bfloat16` runs its kernel here: MKL with its packed bfloat16 product."""
+  return blas.load().bf16_pack_symbols is not None
+
+
+def _contract(x, kernel, bias):
+  """x (..., *C) with kernel (*C, *F), bias (*F): the contracted dimensions' count."""
+  return kernel.ndim - bias.ndim
+
+
+def _as_layer(x, kernel, bias, activation):
+  """The layer as Flax computes it inside `seam.use`: Dense's product (on the BLAS) and bias
+  in bfloat16, then the activation as `layers.MlpBlock` applies it."""
+  count = _contract(x, kernel, bias)
+  dimensions = ((tuple(range(x.ndim - count, x.ndim)), tuple(range(count))), ((), ()))
+  y = blas.dot_general(x, kernel, dimensions) + bias
+  return y if activation is None else jax.checkpoint(layers.activation_fn(activation))(y)
+
+
+def dense_bfloat16(x: jax.Array, kernel: jax.Array, bias: jax.Array,
+                   activation: str | None = None) -> jax.Array:
+  """activation(x @ kernel + bias) in bfloat16: x (..., *C), kernel (*C, *F), bias (*F), as
+  Flax's `Dense` and `DenseGeneral` (trailing axes contracted) hold them.
+
+  Undifferentiated, on `dense.cc`: the product accumulated in float32, the bias added and
+  the activation applied in float32, rounded once to bfloat16 (Flax's bfloat16 Dense rounds
+  the product, then the sum, then the activation). Differentiated, the layer as Flax
+  computes it, with its gradient. The caller checks `available()`.
+  """
+  if activation not in ACTIVATIONS:
+    raise ValueError(f'dense_bfloat16: unknown activation {activation!r}; '
+                     f'choose one of {sorted(ACTIVATIONS, key=str)}.')
+  return _dense(*(a.astype(jnp.bfloat16) for a in (x, kernel, bias)), activation)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _dense(x, kernel, bias, activation):
+  """`dense_bfloat16` of bfloat16 arrays."""
+  blas.load()
+  count = _contract(x, kernel, bias)
+  inner = math.prod(kernel.shape[:count])
+  rows = x.reshape(-1, inner)  # (tokens, prod C)
+  out_shape = (rows.shape[0], math.prod(bias.shape))
+  call = jax.ffi.ffi_call(blas.DENSE_BF16_TARGET,
+                          jax.ShapeDtypeStruct(out_shape, jnp.bfloat16),
+                          vmap_method='sequential')
+  out = call(rows, kernel.reshape(inner, -1), bias.reshape(-1),
+             activation=np.int32(ACTIVATIONS[activation]), panel_rows=np.int64(_PANEL_ROWS))
+  return out.reshape(x.shape[:x.ndim - count] + bias.shape)
+
+
+def _dense_fwd(x, kernel, bias, activation):
+  return jax.vjp(lambda *a: _as_layer(*a, activation), x, kernel, bias)
+
+
+def _dense_bwd(activation, pullback, d_out):
+  return pullback(d_out)
+
+
+_dense.defvjp(_dense_fwd, _dense_bwd)
