@@ -84,8 +84,9 @@ def test_an_unknown_activation_is_refused():
 def _without_dense_kernels(monkeypatch):
   """The seam as it was before `blas_dense`: Dense layers multiply on the BLAS alone."""
   monkeypatch.setattr(seam, '_dense_params', lambda layer, args: None)
-  monkeypatch.setattr(seam, '_mlp_in_dense_kernels',
-                      lambda next_fun, args, kwargs, context: next_fun(*args, **kwargs))
+  for interceptor in ('_mlp_in_dense_kernels', '_patch_embedding_in_dense_kernel'):
+    monkeypatch.setattr(seam, interceptor,
+                        lambda next_fun, args, kwargs, context: next_fun(*args, **kwargs))
 
 
 def _vit(**overrides):
@@ -103,9 +104,10 @@ def test_bfloat16_vit_inference_runs_every_dense_layer_in_one_kernel(scan_layers
     with kernels.use('blas'):
       return model.apply({'params': p}, images)
   jaxpr = str(jax.make_jaxpr(logits)(params))
-  # q, k, v, out and the MLP's two per block (the scanned body traced once), the head.
+  # q, k, v, out and the MLP's two per block (the scanned body traced once), the head, the
+  # patch embedding.
   blocks = 1 if scan_layers else model.num_layers
-  assert jaxpr.count(blas.DENSE_BF16_TARGET) == 6 * blocks + 1
+  assert jaxpr.count(blas.DENSE_BF16_TARGET) == 6 * blocks + 2
   assert blas.GEMM_BF16_TARGET not in jaxpr
   got = np.asarray(jax.jit(logits)(params), np.float32)
   want = np.asarray(jax.jit(lambda p: model.apply({'params': p}, images))(params), np.float32)
@@ -159,7 +161,7 @@ def test_without_mkls_packed_product_the_layers_multiply_as_before(monkeypatch):
     with kernels.use('blas'):
       return model.apply({'params': p}, images)
   jaxpr = str(jax.make_jaxpr(logits)(params))
-  assert blas.DENSE_BF16_TARGET not in jaxpr
+  assert blas.DENSE_BF16_TARGET not in jaxpr and 'conv_general_dilated' in jaxpr
   assert jaxpr.count(blas.GEMM_BF16_TARGET) == 6 * model.num_layers + 1
 
 
@@ -170,3 +172,43 @@ def test_float32_layers_are_left_to_the_products():
   with kernels.use('blas'):
     jaxpr = str(jax.make_jaxpr(lambda: block.apply(variables, x))())
   assert blas.DENSE_BF16_TARGET not in jaxpr and jaxpr.count(blas.GEMM_TARGET) == 2
+
+
+@pytest.mark.parametrize('image_shape', [(2, 16, 16, 3), (1, 18, 13, 3)])
+def test_the_patch_embedding_is_within_one_bfloat16_rounding_of_the_convolution(image_shape):
+  # 18 x 13 pixels: the convolution ('VALID') leaves out the last rows and columns.
+  images = _random_bfloat16(*image_shape)
+  kernel, bias = _random_bfloat16(4, 4, 3, 8, scale=0.2), _random_bfloat16(8)
+  embed = jax.jit(blas_dense.patch_embedding_bfloat16)
+  assert blas.DENSE_BF16_TARGET in str(jax.make_jaxpr(embed)(images, kernel, bias))
+  got = embed(images, kernel, bias)
+  as_float64 = lambda a: np.asarray(a, np.float64)  # noqa: E731
+  exact = np.asarray(jax.lax.conv_general_dilated(
+      as_float64(images).astype(np.float32), as_float64(kernel).astype(np.float32), (4, 4),
+      'VALID', dimension_numbers=('NHWC', 'HWIO', 'NHWC'),
+      precision=jax.lax.Precision.HIGHEST), np.float64) + as_float64(bias)
+  assert got.dtype == jnp.bfloat16 and got.shape == exact.shape
+  np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=2 ** -8,
+                             atol=1e-5 * np.abs(exact).max())
+
+
+def test_vit_patch_embedding_takes_the_kernel_in_inference_and_trains_as_before(monkeypatch):
+  model, params, images = _vit()
+
+  def logits(p):
+    with kernels.use('blas'):
+      return model.apply({'params': p}, images)
+  # 6 Dense layers per block, the head and the patch embedding; no convolution left.
+  jaxpr = str(jax.make_jaxpr(logits)(params))
+  assert jaxpr.count(blas.DENSE_BF16_TARGET) == 6 * model.num_layers + 2
+  assert 'conv_general_dilated' not in jaxpr
+
+  def loss(p):
+    return jnp.sum(logits(p).astype(jnp.float32) ** 2)
+  got = jax.jit(jax.value_and_grad(loss))(params)
+  monkeypatch.setattr(seam, '_patch_embedding_in_dense_kernel',
+                      lambda next_fun, args, kwargs, context: next_fun(*args, **kwargs))
+  want = jax.jit(lambda p: jax.value_and_grad(loss)(p))(params)
+  # The same loss and gradients as Flax's convolution gives (embedding kernel included).
+  for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))

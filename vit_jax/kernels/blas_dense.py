@@ -84,3 +84,47 @@ def _dense_bwd(activation, pullback, d_out):
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd)
+
+
+def patch_embedding_bfloat16(images: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
+  """A bfloat16 convolution whose strides equal its kernel (ViT's patch embedding, padding
+  'VALID'), as `dense_bfloat16` of the patches: images (B, H, W, C), kernel (P, Q, C, D), bias
+  (D,) -> (B, H // P, W // Q, D).
+
+  Undifferentiated, the patches are cut out and multiplied in `dense.cc` (XLA:CPU computes a
+  bfloat16 convolution in float32); differentiated, the convolution as Flax's `nn.Conv`
+  computes it, with its gradient.
+  """
+  return _patch_embedding(*(a.astype(jnp.bfloat16) for a in (images, kernel, bias)))
+
+
+def _as_conv(images, kernel, bias):
+  """`nn.Conv(features, kernel_size=strides=(P, Q), padding='VALID')` of bfloat16 arrays."""
+  numbers = jax.lax.conv_dimension_numbers(images.shape, kernel.shape, ('NHWC', 'HWIO', 'NHWC'))
+  y = jax.lax.conv_general_dilated(images, kernel, kernel.shape[:2], 'VALID',
+                                   lhs_dilation=(1, 1), rhs_dilation=(1, 1),
+                                   dimension_numbers=numbers, feature_group_count=1)
+  return y + bias.reshape(1, 1, 1, -1)
+
+
+@jax.custom_vjp
+def _patch_embedding(images, kernel, bias):
+  """`patch_embedding_bfloat16` of bfloat16 arrays."""
+  batch, height, width, channels = images.shape
+  p, q = kernel.shape[:2]
+  rows, cols = height // p, width // q
+  patches = images[:, :rows * p, :cols * q].reshape(batch, rows, p, cols, q, channels)
+  patches = patches.transpose(0, 1, 3, 2, 4, 5)  # (B, rows, cols, P, Q, C)
+  patches = patches.reshape(batch, rows, cols, p * q * channels)
+  return _dense(patches, kernel.reshape(p * q * channels, -1), bias, None)
+
+
+def _patch_embedding_fwd(images, kernel, bias):
+  return jax.vjp(_as_conv, images, kernel, bias)
+
+
+def _patch_embedding_bwd(pullback, d_out):
+  return pullback(d_out)
+
+
+_patch_embedding.defvjp(_patch_embedding_fwd, _patch_embedding_bwd)

@@ -14,9 +14,11 @@ inside `with use(matmul, dropout):`
   where the products stay on XLA (`blas.attention_on_blas`);
 - with `dropout='hash'`, every `nn.Dropout` draws its masks from `dropout.bernoulli`
   (a counter hash; the same keep probability, far cheaper than threefry on CPUs);
-- a bfloat16 `layers.MlpBlock` whose products are on MKL's packed bfloat16 product, run
-  without dropout, computes each Dense layer with its bias and activation in one kernel
-  (`blas_dense.dense_bfloat16`).
+- where MKL multiplies bfloat16 with its packed product, every bfloat16 Dense layer with a
+  bias runs in one kernel with its bias (`blas_dense.dense_bfloat16`), a `layers.MlpBlock`
+  without dropout with its activation in the first, and ViT's patch embedding (a convolution
+  whose strides equal its kernel) as one such product of the patches
+  (`blas_dense.patch_embedding_bfloat16`).
 
 The choice is made while a function is traced, so a jitted function keeps what it was
 first traced with. The trainer and the benchmark run inside
@@ -59,6 +61,7 @@ def use(matmul: str = 'auto', dropout: str = 'hash'):
     with contextlib.ExitStack() as stack:
       stack.enter_context(nn.intercept_methods(_products_on_blas))
       stack.enter_context(nn.intercept_methods(_mlp_in_dense_kernels))
+      stack.enter_context(nn.intercept_methods(_patch_embedding_in_dense_kernel))
       if dropout == 'hash':
         stack.enter_context(nn.intercept_methods(_hashed_dropout))
       yield
@@ -130,6 +133,29 @@ def _mlp_in_dense_kernels(next_fun, args, kwargs, context):
   hidden = blas_dense.dense_bfloat16(args[0], dense[0]['kernel'], dense[0]['bias'],
                                      block.activation)
   return blas_dense.dense_bfloat16(hidden, dense[1]['kernel'], dense[1]['bias'])
+
+
+def _patch_embedding_in_dense_kernel(next_fun, args, kwargs, context):
+  """Flax interceptor: a bfloat16 `nn.Conv` whose strides equal its kernel, padding 'VALID'
+  (ViT's patch embedding), its products on MKL's packed bfloat16 product and its params bound,
+  runs `blas_dense.patch_embedding_bfloat16` with them."""
+  conv = context.module
+  if context.method_name != '__call__' or type(conv) is not nn.Conv:
+    return next_fun(*args, **kwargs)
+  kernel_size = tuple(conv.kernel_size)
+  strides = (conv.strides,) * 2 if isinstance(conv.strides, int) else tuple(conv.strides or ())
+  params = nn.meta.unbox(conv.variables.get('params', {}))
+  if not (len(args) == 1 and not kwargs and jnp.ndim(args[0]) == 4 and len(kernel_size) == 2
+          and conv.dtype is not None and jnp.dtype(conv.dtype) == jnp.bfloat16
+          and conv.use_bias and conv.mask is None and conv.padding == 'VALID'
+          and strides == kernel_size and conv.conv_general_dilated is None
+          and conv.conv_general_dilated_cls is None
+          and conv.input_dilation in (None, 1, (1, 1))
+          and conv.kernel_dilation in (None, 1, (1, 1)) and conv.feature_group_count == 1
+          and 'kernel' in params and 'bias' in params
+          and products_on_blas(jnp.bfloat16) and blas_dense.available()):
+    return next_fun(*args, **kwargs)
+  return blas_dense.patch_embedding_bfloat16(args[0], params['kernel'], params['bias'])
 
 
 def _hashed_dropout(next_fun, args, kwargs, context):
