@@ -93,6 +93,9 @@ def _vit(**overrides):
   model = models.get_model('ViT-testing', num_classes=5, dtype=jnp.bfloat16, **overrides)
   images = jnp.asarray(RNG.standard_normal((2, 16, 16, 3)), jnp.float32)
   params = jax.jit(model.init)(jax.random.PRNGKey(0), images)['params']
+  # The head starts at zeros, which would leave every other gradient zero.
+  params['head']['kernel'] = jnp.asarray(RNG.standard_normal(params['head']['kernel'].shape),
+                                         jnp.float32)
   return model, params, images
 
 
@@ -135,6 +138,7 @@ def test_bfloat16_vit_training_is_what_it_was_without_the_kernel(monkeypatch):
   want = jax.jit(lambda p: step(p))(params)
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+  assert float(np.abs(np.asarray(got[1]['embedding']['kernel'], np.float32)).max()) > 0
 
 
 def test_an_mlp_block_with_dropout_in_training_keeps_its_layers():
@@ -212,3 +216,21 @@ def test_vit_patch_embedding_takes_the_kernel_in_inference_and_trains_as_before(
   # The same loss and gradients as Flax's convolution gives (embedding kernel included).
   for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
     np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
+  assert float(np.abs(np.asarray(got[1]['embedding']['kernel'], np.float32)).max()) > 0
+
+
+def test_gradients_reach_the_images_through_the_patch_embedding(monkeypatch):
+  # As for a saliency map: the images' gradient, which a train step leaves out (and then
+  # traces none: test_blas.py counts the FLOPs).
+  model, params, images = _vit()
+
+  def image_gradient(x):
+    def loss(x):
+      with kernels.use('blas'):
+        return jnp.sum(model.apply({'params': params}, x).astype(jnp.float32) ** 2)
+    return jax.grad(loss)(x)
+  got = jax.jit(image_gradient)(images)
+  _without_dense_kernels(monkeypatch)
+  want = jax.jit(lambda x: image_gradient(x))(images)
+  assert float(np.abs(want).max()) > 0
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
