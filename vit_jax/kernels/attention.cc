@@ -9,13 +9,8 @@
 // the backward pass reuses instead of recomputing the softmax. bfloat16
 // inputs have a forward-only kernel on MKL's bfloat16 product.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
-#include <cstring>
-#include <memory>
-#include <mutex>
 #include <vector>
 
 #include "blas.h"

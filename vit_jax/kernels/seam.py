@@ -108,10 +108,16 @@ def _dense_params(layer, args) -> dict | None:
     if layer.batch_dims or tuple(a % rank for a in axes) != tuple(
         range(rank - len(axes), rank)):
       return None
-  params = nn.meta.unbox(layer.variables.get('params', {}))
-  if 'kernel' not in params or 'bias' not in params or not blas_dense.available():
-    return None
-  return params
+  params = _params_for_dense_kernels(layer)
+  return params if 'kernel' in params and 'bias' in params else None
+
+
+def _params_for_dense_kernels(module) -> dict:
+  """`module`'s bound params (unboxed) where `blas_dense` computes the bfloat16 layers traced
+  here; {} elsewhere, and while the params are being initialised."""
+  if not (products_on_blas(jnp.bfloat16) and blas_dense.available()):
+    return {}
+  return nn.meta.unbox(module.variables.get('params', {}))
 
 
 def _mlp_in_dense_kernels(next_fun, args, kwargs, context):
@@ -122,13 +128,13 @@ def _mlp_in_dense_kernels(next_fun, args, kwargs, context):
   if context.method_name != '__call__' or type(block) is not layers.MlpBlock:
     return next_fun(*args, **kwargs)
   deterministic = kwargs.get('deterministic', True)
-  params = block.variables.get('params', {})
-  dense = [nn.meta.unbox(params.get(f'Dense_{i}', {})) for i in range(2)]
   if not (len(args) == 1 and jnp.dtype(block.dtype) == jnp.bfloat16
           and block.activation is not None and block.activation in blas_dense.ACTIVATIONS
-          and (deterministic is True or block.dropout_rate == 0)
-          and all('kernel' in d and 'bias' in d for d in dense)
-          and products_on_blas(jnp.bfloat16) and blas_dense.available()):
+          and (deterministic is True or block.dropout_rate == 0)):
+    return next_fun(*args, **kwargs)
+  params = _params_for_dense_kernels(block)
+  dense = [params.get(f'Dense_{i}', {}) for i in range(2)]
+  if not all('kernel' in d and 'bias' in d for d in dense):
     return next_fun(*args, **kwargs)
   hidden = blas_dense.dense_bfloat16(args[0], dense[0]['kernel'], dense[0]['bias'],
                                      block.activation)
@@ -144,16 +150,16 @@ def _patch_embedding_in_dense_kernel(next_fun, args, kwargs, context):
     return next_fun(*args, **kwargs)
   kernel_size = tuple(conv.kernel_size)
   strides = (conv.strides,) * 2 if isinstance(conv.strides, int) else tuple(conv.strides or ())
-  params = nn.meta.unbox(conv.variables.get('params', {}))
   if not (len(args) == 1 and not kwargs and jnp.ndim(args[0]) == 4 and len(kernel_size) == 2
           and conv.dtype is not None and jnp.dtype(conv.dtype) == jnp.bfloat16
           and conv.use_bias and conv.mask is None and conv.padding == 'VALID'
           and strides == kernel_size and conv.conv_general_dilated is None
           and conv.conv_general_dilated_cls is None
           and conv.input_dilation in (None, 1, (1, 1))
-          and conv.kernel_dilation in (None, 1, (1, 1)) and conv.feature_group_count == 1
-          and 'kernel' in params and 'bias' in params
-          and products_on_blas(jnp.bfloat16) and blas_dense.available()):
+          and conv.kernel_dilation in (None, 1, (1, 1)) and conv.feature_group_count == 1):
+    return next_fun(*args, **kwargs)
+  params = _params_for_dense_kernels(conv)
+  if 'kernel' not in params or 'bias' not in params:
     return next_fun(*args, **kwargs)
   return blas_dense.patch_embedding_bfloat16(args[0], params['kernel'], params['bias'])
 
