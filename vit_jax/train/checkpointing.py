@@ -26,7 +26,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from vit_jax import errors, files, progress, weights
-from vit_jax.train import checkpoint_mirror, orbax_errors
+from vit_jax.train import checkpoint_mirror, orbax_errors, shapes
 
 _ITEM = 'default'  # The directory of the state in each step's directory (orbax's name).
 # restore_params reads this many groups of arrays one after the other: the buffers of reading
@@ -62,29 +62,6 @@ def require_checkpoint(workdir: str):
     if checkpointer.latest_step() is None:
       raise errors.MissingFileError(f'No checkpoint in {checkpointer.directory}: train first, '
                                     'or point --workdir at a trained run.')
-
-
-def check_shapes(stored, expected, what: str,
-                 advice: str = 'Use a new --workdir, or the config that wrote it.'):
-  """Raises a ConfigError naming the first parameters whose shapes differ (trees of arrays or
-  of their shapes); `what` names the stored ones."""
-  flat_expected, flat_stored = weights.flatten_params(expected), weights.flatten_params(stored)
-  shape = lambda flat, name: tuple(flat[name].shape) if name in flat else None  # noqa: E731
-  mismatched = []
-  for name in sorted(set(flat_expected) | set(flat_stored)):
-    want_shape, have_shape = shape(flat_expected, name), shape(flat_stored, name)
-    if want_shape != have_shape:
-      mismatched.append(f'{name}: checkpoint {have_shape or "missing"}, '
-                        f'model {want_shape or "missing"}')
-  if mismatched:
-    raise errors.ConfigError(
-        f'{what} was written by a model of another shape ({len(mismatched)} mismatched '
-        f'parameters, first: {"; ".join(mismatched[:3])}). {advice}')
-
-
-# For the modes that read a workdir's weights with its config.
-SAVED_CONFIG_ADVICE = ('Use the config that wrote it: leave out --config and overrides of '
-                       "config.model or config.data (the workdir's config.json has them).")
 
 
 def restore_params(workdir: str, fall_back: bool = False, ema: bool = False) -> tuple[dict, int]:
@@ -221,8 +198,12 @@ class Checkpointer:
 
   def _what_to_do(self) -> str:
     kept = self._manager.all_steps()
-    earlier = (f'the earlier checkpoints (steps {", ".join(map(str, kept))}) are intact'
-               if kept else 'no earlier checkpoint exists')
+    if not kept:
+      earlier = 'no earlier checkpoint exists'
+    elif len(kept) == 1:
+      earlier = f'the earlier checkpoint (step {kept[0]}) is intact'
+    else:
+      earlier = f'the earlier checkpoints (steps {", ".join(map(str, kept))}) are intact'
     return (f'{earlier}. Free some space (or set --config.keep_checkpoints lower), then run the '
             'same command to resume.')
 
@@ -381,8 +362,8 @@ class Checkpointer:
 
   def _check_shapes(self, step: int, abstract_state):
     stored = dict(self._manager.item_metadata(step))
-    check_shapes(stored['params'], abstract_state['params'],
-                 f'The checkpoint at step {step} in {self.directory}')
+    shapes.check_shapes(stored['params'], abstract_state['params'],
+                        f'The checkpoint at step {step} in {self.directory}')
 
   def __enter__(self):
     return self

@@ -14,7 +14,7 @@ import numpy as np
 
 from vit_jax import decode, progress
 from vit_jax.data import text, text_sources, tokenizers, vocabulary
-from vit_jax.train import checkpointing, config as config_lib, distributed, task
+from vit_jax.train import checkpointing, config as config_lib, distributed, shapes, task
 from vit_jax.train.losses import cross_entropy
 
 
@@ -188,9 +188,8 @@ def load_model_and_params(config: ml_collections.ConfigDict, workdir: str):
                                               config.use_ema)
   tokens = jnp.ones((1, 1), jnp.int32)
   expected = jax.eval_shape(lambda: model.init(jax.random.PRNGKey(0), tokens, tokens))
-  checkpointing.check_shapes(params, expected['params'],
-                             f'The checkpoint at step {step} in {workdir}',
-                             checkpointing.SAVED_CONFIG_ADVICE)
+  shapes.check_shapes(params, expected['params'], f'The checkpoint at step {step} in {workdir}',
+                      shapes.SAVED_CONFIG_ADVICE)
   return tokenizer, model, params
 
 
