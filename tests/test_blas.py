@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -89,6 +90,55 @@ def test_bfloat16_matmul_and_its_gradients_match_xla():
                                atol=1e-2)
   jaxpr = str(jax.make_jaxpr(jax.grad(loss(blas.matmul), argnums=(0, 1)))(a, b))
   assert jaxpr.count(blas.GEMM_BF16_TARGET) == 3 and 'dot_general' not in jaxpr
+
+
+@pytest.mark.parametrize('dtype', [jnp.float32, jnp.bfloat16])
+def test_a_tied_output_projection_and_its_gradients_run_on_the_blas(dtype):
+  # nn.Embed.attend: activations (B, T, D) times the table (V, D) transposed, as the seq2seq
+  # Transformer computes its logits; the BLAS reads the table transposed in place.
+  if dtype == jnp.bfloat16 and not BLAS.bf16_symbol:
+    pytest.skip(f'{BLAS.name} has no bfloat16 gemm')
+  embed = nn.Embed(11, 6, dtype=dtype)
+  query, table = _random(2, 3, 6).astype(dtype), _random(11, 6)
+  cotangent = _random(2, 3, 11)
+
+  def loss(query, table):
+    logits = embed.apply({'params': {'embedding': table}}, query, method='attend')
+    return jnp.sum(logits.astype(jnp.float32) * cotangent)
+
+  ours = jax.jit(_on_blas(jax.value_and_grad(loss, argnums=(0, 1))))(query, table)
+  want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(query, table)
+  # bfloat16: both accumulate in float32 and round each product once.
+  tolerance = 1e-5 if dtype == jnp.float32 else 2 ** -7
+  for got, expected in zip(jax.tree.leaves(ours), jax.tree.leaves(want)):
+    assert got.dtype == expected.dtype
+    np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(expected, np.float32),
+                               rtol=tolerance, atol=tolerance * 10)
+  target = blas.GEMM_TARGET if dtype == jnp.float32 else blas.GEMM_BF16_TARGET
+  jaxpr = str(jax.make_jaxpr(_on_blas(jax.grad(loss, argnums=(0, 1))))(query, table))
+  assert jaxpr.count(target) == 3 and 'dot_general' not in jaxpr
+  assert target not in str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1)))(query, table))
+
+
+def test_the_transformers_tied_projection_runs_on_the_blas_like_an_untied_one():
+  source = jnp.asarray(RNG.integers(1, 13, (2, 5)), jnp.int32)
+  target = jnp.asarray(RNG.integers(1, 13, (2, 4)), jnp.int32)
+  calls = {}
+  for tied in (True, False):
+    model = models.get_model('Transformer-testing', vocab_size=13, dropout_rate=0.0,
+                             logits_via_embedding=tied)
+    params = jax.jit(model.init)(jax.random.PRNGKey(0), source, target)['params']
+    loss = lambda p, m=model: jnp.sum(  # noqa: E731
+        jax.nn.log_softmax(m.apply({'params': p}, source, target))[..., 2])
+    np.testing.assert_allclose(jax.jit(_on_blas(loss))(params), jax.jit(loss)(params),
+                               rtol=1e-5)
+    got = jax.jit(_on_blas(jax.grad(loss)))(params)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(jax.grad(loss))(params))):
+      np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
+    calls[tied] = _ffi_calls(_on_blas(jax.grad(loss)), params)
+  # The output projection's three products (forward, both gradients) run on the BLAS either
+  # way: as the Dense 'logits' layer, or through the shared embedding's `attend`.
+  assert calls[True] == calls[False] > 3, calls
 
 
 def _set_bf16_packing(on: bool):

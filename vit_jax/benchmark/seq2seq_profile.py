@@ -10,13 +10,15 @@ overlap (the step holds them all, the backward pass included):
 - optimizer: the AdamW update (clipping included) from given gradients;
 - attention: every attention call of the model (encoder, decoder self-, cross-) with the
   batch's masks, forward and backward, on the kernel the model runs;
-- projection + loss: the tied output projection onto the vocabulary and the token
-  cross-entropy with label smoothing 0.1, forward and backward;
+- projection + loss: the tied output projection onto the vocabulary (`nn.Embed.attend` in
+  the model's dtype, as the decoder computes its logits) and the token cross-entropy with
+  label smoothing 0.1, forward and backward;
 - embedding: the source and target embedding lookups, forward and backward;
 - host batching: `packing.batch` making one batch from token ids on the host (numpy).
 """
 
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -94,8 +96,11 @@ def benchmark_seq2seq_profile(args) -> dict:
   table = params['shared_embedding']['embedding']
   outputs = jax.random.normal(jax.random.PRNGKey(4), batch['targets'].shape + (width,))
 
+  output_embedding = nn.Embed(table.shape[0], width, dtype=model.dtype)
+
   def projection_and_loss(y, table, targets):
-    logits = jnp.einsum('btd,vd->btv', y, table)  # (B, T, V)
+    logits = output_embedding.apply({'params': {'embedding': table}}, y.astype(model.dtype),
+                                    method='attend').astype(jnp.float32)  # (B, T, V)
     weights = (targets > 0).astype(jnp.float32)
     losses = cross_entropy(logits, targets, 0.1)
     return jnp.sum(losses * weights) / jnp.maximum(jnp.sum(weights), 1.0)

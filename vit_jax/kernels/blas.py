@@ -345,6 +345,26 @@ def _matmul_bwd(residuals, grad):
 matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
+@jax.custom_vjp
+def matmul_transposed(a: jax.Array, b: jax.Array) -> jax.Array:
+  """a (M, K) @ b (N, K)^T on the BLAS, which reads b transposed in place; as `matmul`
+  otherwise (a tied output projection: the activations times the embedding table)."""
+  return _gemm(a, b, transpose_b=True)
+
+
+def _matmul_transposed_fwd(a, b):
+  return _gemm(a, b, transpose_b=True), (a, b)
+
+
+def _matmul_transposed_bwd(residuals, grad):
+  a, b = residuals
+  # d a = grad (M, N) @ b (N, K);  d b = grad^T (N, M) @ a (M, K).
+  return _gemm(grad, b), _gemm(grad, a, transpose_a=True)
+
+
+matmul_transposed.defvjp(_matmul_transposed_fwd, _matmul_transposed_bwd)
+
+
 def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
                 preferred_element_type=None, **kwargs) -> jax.Array:
   """`lax.dot_general` that sends 'flatten and multiply' products to the BLAS: float32, and
@@ -352,19 +372,22 @@ def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=Non
 
   Handled: no batch dimensions, the contracted dimensions are the trailing ones
   of `lhs` and the leading ones of `rhs`, in order (every Dense/DenseGeneral in
-  the vit_jax models). Anything else goes to `lax.dot_general` unchanged.
+  the vit_jax models), or `lhs`'s last with a 2-D `rhs`'s last (`nn.Embed.attend`).
+  Anything else goes to `lax.dot_general` unchanged.
   """
   (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
   lhs_contract, rhs_contract = tuple(lhs_contract), tuple(rhs_contract)
   count = len(lhs_contract)
-  handled = (
+  supported = (
       not lhs_batch and not rhs_batch and not kwargs and lhs.dtype == rhs.dtype
       and preferred_element_type in (None, lhs.dtype)
       and (lhs.dtype == jnp.float32
            or (lhs.dtype == jnp.bfloat16 and has_bfloat16_products()))
-      and lhs_contract == tuple(range(lhs.ndim - count, lhs.ndim))
-      and rhs_contract == tuple(range(count)))
-  if not handled:
+      and lhs_contract == tuple(range(lhs.ndim - count, lhs.ndim)))
+  if supported and rhs.ndim == 2 and count == 1 and rhs_contract == (1,):
+    out = matmul_transposed(lhs.reshape(-1, rhs.shape[1]), rhs)
+    return out.reshape(lhs.shape[:-1] + rhs.shape[:1])
+  if not (supported and rhs_contract == tuple(range(count))):
     return lax.dot_general(lhs, rhs, dimension_numbers, precision=precision,
                            preferred_element_type=preferred_element_type, **kwargs)
   contracted = math.prod(rhs.shape[:count])

@@ -8,7 +8,8 @@ kernel, 'blas' (`blas_attention` for unmasked float32 and bfloat16 inputs, else
 inside `with use(matmul, dropout):`
 
 - every `nn.Dense` and `nn.DenseGeneral` whose products `matmul` puts on the BLAS
-  (`blas.resolve_matmul`) multiplies through `blas.dot_general`;
+  (`blas.resolve_matmul`) multiplies through `blas.dot_general`, and so does
+  `nn.Embed.attend` (a tied output projection);
 - attention 'auto' picks 'blas' on CPUs where the products are on the BLAS (float32 on
   Intel CPUs with MKL, and bfloat16 there with AMX), and for float32 on AMD CPUs with MKL,
   where the products stay on XLA (`blas.attention_on_blas`);
@@ -62,6 +63,7 @@ def use(matmul: str = 'auto', dropout: str = 'hash'):
       stack.enter_context(nn.intercept_methods(_products_on_blas))
       stack.enter_context(nn.intercept_methods(_mlp_in_dense_kernels))
       stack.enter_context(nn.intercept_methods(_patch_embedding_in_dense_kernel))
+      stack.enter_context(nn.intercept_methods(_embedding_attend_on_blas))
       if dropout == 'hash':
         stack.enter_context(nn.intercept_methods(_hashed_dropout))
       yield
@@ -93,6 +95,20 @@ def _products_on_blas(next_fun, args, kwargs, context):
     return next_fun(*args, **kwargs)
   finally:
     object.__setattr__(layer, 'dot_general', None)
+
+
+def _embedding_attend_on_blas(next_fun, args, kwargs, context):
+  """Flax interceptor: `nn.Embed.attend` (the seq2seq Transformer's tied output projection)
+  multiplies through `blas.dot_general` where the Dense layers of its dtype do."""
+  module = context.module
+  if not (context.method_name == 'attend' and type(module) is nn.Embed and len(args) == 1
+          and not kwargs):
+    return next_fun(*args, **kwargs)
+  query, table = module.promote_dtype(args[0], module.embedding, dtype=module.dtype)
+  if not products_on_blas(query.dtype):
+    return next_fun(*args, **kwargs)
+  # (..., features) x (num_embeddings, features) over the features: (..., num_embeddings).
+  return blas.dot_general(query, table, (((query.ndim - 1,), (1,)), ((), ())))
 
 
 def _dense_params(layer, args) -> dict | None:
