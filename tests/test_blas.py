@@ -153,8 +153,10 @@ def _set_bf16_packing(on: bool):
 @pytest.mark.skipif(not BLAS.bf16_symbol, reason=f'{BLAS.name} has no bfloat16 gemm')
 def test_bfloat16_products_pack_first_where_mkl_can_and_equal_the_unpacked_ones():
   assert BLAS.bf16_pack_symbols  # Every MKL with cblas_gemm_bf16bf16f32 has them.
-  a, b = _random(37, 50).astype(jnp.bfloat16), _random(50, 23).astype(jnp.bfloat16)
-  cotangent = _random(37, 23)
+  # Products of more than 128 rows pack (fewer multiply unpacked): the product (150 rows),
+  # the gradient of b (a transposed: 140 rows); the gradient of a (150 rows) as well.
+  a, b = _random(150, 140).astype(jnp.bfloat16), _random(140, 23).astype(jnp.bfloat16)
+  cotangent = _random(150, 23)
   loss = lambda a, b: jnp.sum(blas.matmul(a, b).astype(jnp.float32) * cotangent)  # noqa: E731
   # The product and both gradients: op(b) plain and transposed, op(a) plain and transposed.
   run = jax.jit(lambda a, b: (blas.matmul(a, b), *jax.grad(loss, argnums=(0, 1))(a, b)))

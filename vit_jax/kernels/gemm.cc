@@ -32,12 +32,16 @@ static bool Multiply(bool transpose_a, bool transpose_b, int64_t m, int64_t n, i
   return true;
 }
 
+// Products of at most this many rows multiply unpacked (as dense.cc's single panel).
+constexpr int64_t kUnpackedMaxRows = 128;
+
 static bool Multiply(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k,
                      const uint16_t* a, int64_t lda, const uint16_t* b, int64_t ldb, float* c) {
   if (gemm_bf16 == nullptr) return false;
-  if (gemm_bf16_compute != nullptr) {
+  if (gemm_bf16_compute != nullptr && m > kUnpackedMaxRows) {
     // Packing op(b) once, then multiplying, measured faster than the unpacked call
-    // on most of the ViTs' products (the backward pass's most).
+    // on most of the ViTs' products (the backward pass's most); for a few rows (a
+    // decoding step's) packing costs more than the product.
     thread_local std::vector<uint16_t> packed;
     packed.resize(gemm_bf16_pack_size(kBMatrix, m, n, k) / sizeof(uint16_t) + 1);
     gemm_bf16_pack(kRowMajor, kBMatrix, transpose_b ? kTrans : kNoTrans, m, n, k, b, ldb,
