@@ -136,6 +136,7 @@ def test_the_transformers_tied_projection_runs_on_the_blas_like_an_untied_one():
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(jax.jit(jax.grad(loss))(params))):
       np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
     calls[tied] = _ffi_calls(_on_blas(jax.grad(loss)), params)
+    assert count_flops(_on_blas(jax.grad(loss)), params) == count_flops(jax.grad(loss), params)
   # The output projection's three products (forward, both gradients) run on the BLAS either
   # way: as the Dense 'logits' layer, or through the shared embedding's `attend`.
   assert calls[True] == calls[False] > 3, calls
