@@ -322,47 +322,39 @@ def has_bfloat16_products() -> bool:
   return load().bf16_symbol is not None
 
 
-@jax.custom_vjp
 def matmul(a: jax.Array, b: jax.Array) -> jax.Array:
   """a (M, K) @ b (K, N) on the BLAS; reverse-mode differentiable.
 
   Both float32, or both bfloat16 (where `has_bfloat16_products`): accumulated in float32
   and rounded to bfloat16, as XLA's bfloat16 products are.
   """
-  return _gemm(a, b)
+  return _product(a, b, False)
 
 
-def _matmul_fwd(a, b):
-  return _gemm(a, b), (a, b)
-
-
-def _matmul_bwd(residuals, grad):
-  a, b = residuals
-  # d a = grad (M, N) @ b^T;  d b = a^T @ grad (K, N). The BLAS reads the transposes.
-  return _gemm(grad, b, transpose_b=True), _gemm(a, grad, transpose_a=True)
-
-
-matmul.defvjp(_matmul_fwd, _matmul_bwd)
-
-
-@jax.custom_vjp
 def matmul_transposed(a: jax.Array, b: jax.Array) -> jax.Array:
   """a (M, K) @ b (N, K)^T on the BLAS, which reads b transposed in place; as `matmul`
   otherwise (a tied output projection: the activations times the embedding table)."""
-  return _gemm(a, b, transpose_b=True)
+  return _product(a, b, True)
 
 
-def _matmul_transposed_fwd(a, b):
-  return _gemm(a, b, transpose_b=True), (a, b)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _product(a, b, transpose_b: bool):
+  return _gemm(a, b, transpose_b=transpose_b)
 
 
-def _matmul_transposed_bwd(residuals, grad):
-  a, b = residuals
-  # d a = grad (M, N) @ b (N, K);  d b = grad^T (N, M) @ a (M, K).
-  return _gemm(grad, b), _gemm(grad, a, transpose_a=True)
+def _product_fwd(a, b, transpose_b):
+  return _gemm(a, b, transpose_b=transpose_b), (a, b)
 
 
-matmul_transposed.defvjp(_matmul_transposed_fwd, _matmul_transposed_bwd)
+def _product_bwd(transpose_b, residuals, grad):
+  a, b = residuals  # The BLAS reads the transposes in place.
+  if transpose_b:  # d a = grad (M, N) @ b (N, K);  d b = grad^T (N, M) @ a (M, K).
+    return _gemm(grad, b), _gemm(grad, a, transpose_a=True)
+  # d a = grad (M, N) @ b^T;  d b = a^T @ grad (K, N).
+  return _gemm(grad, b, transpose_b=True), _gemm(a, grad, transpose_a=True)
+
+
+_product.defvjp(_product_fwd, _product_bwd)
 
 
 def dot_general(lhs: jax.Array, rhs: jax.Array, dimension_numbers, precision=None,
