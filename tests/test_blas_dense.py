@@ -165,7 +165,9 @@ def test_without_mkls_packed_product_the_layers_multiply_as_before(monkeypatch):
     with kernels.use('blas'):
       return model.apply({'params': p}, images)
   jaxpr = str(jax.make_jaxpr(logits)(params))
-  assert blas.DENSE_BF16_TARGET not in jaxpr and 'conv_general_dilated' in jaxpr
+  # The patch embedding convolves on the BLAS (`blas_conv`), its bias added by Flax.
+  assert blas.DENSE_BF16_TARGET not in jaxpr and 'conv_general_dilated' not in jaxpr
+  assert jaxpr.count(blas.CONV_BF16_TARGET) == 1
   assert jaxpr.count(blas.GEMM_BF16_TARGET) == 6 * model.num_layers + 1
 
 

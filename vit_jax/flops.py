@@ -35,6 +35,11 @@ def _blas_gemm_flops(eqn) -> int:
   return math.prod(eqn.outvars[0].aval.shape) * contract
 
 
+def _blas_conv_flops(eqn) -> int:
+  """A `vit_jax.kernels.blas_conv` convolution: out (B, OH, OW, F), kernel (KH, KW, C, F)."""
+  return math.prod(eqn.outvars[0].aval.shape) * math.prod(eqn.invars[1].aval.shape[:3])
+
+
 def _blas_attention_flops(eqn) -> int:
   """`vit_jax.kernels.blas_attention`: q k^T and p v (forward), four products (backward)."""
   batch, queries, heads, head_dim = eqn.invars[0].aval.shape
@@ -81,6 +86,8 @@ def _jaxpr_flops(jaxpr) -> int:
       total += _conv_flops(eqn)
     elif name == 'ffi_call' and eqn.params['target_name'] in blas.GEMM_TARGETS:
       total += _blas_gemm_flops(eqn)
+    elif name == 'ffi_call' and eqn.params['target_name'] in blas.CONV_TARGETS:
+      total += _blas_conv_flops(eqn)
     elif name == 'ffi_call' and eqn.params['target_name'] in blas.ATTENTION_TARGETS:
       total += _blas_attention_flops(eqn)
     elif name in _CUDNN_ATTENTION_PRODUCTS:

@@ -4,16 +4,17 @@ XLA:CPU multiplies float32 matrices with its own kernels (YNNPACK, Eigen). On
 Intel CPUs MKL is faster on the shapes of ViT layers, and it reads transposed
 or strided operands in place, where XLA copies them (before the weight-gradient
 products, and into head-major order for attention). This module compiles
-`gemm.cc`, `attention.cc` and `dense.cc` with the system C++ compiler (once per machine and
-jaxlib version, into a cache directory), registers them as XLA FFI targets and
-builds on them:
+the kernels of `SOURCES` with the system C++ compiler (once per machine and jaxlib
+version, into a cache directory), registers them as XLA FFI targets and builds on them:
 
 - `matmul(a, b)`: a 2-D product with its own gradient (no transposed copies);
 - `dot_general`: a drop-in for `lax.dot_general` that Flax `Dense` and
   `DenseGeneral` accept; products it cannot express fall back to XLA;
-- the FFI targets of `attention.cc`, which `vit_jax.kernels.blas_attention` calls, and of
+- the FFI targets of `attention.cc`, which `vit_jax.kernels.blas_attention` calls, of
   `dense.cc` (bfloat16 Dense layers with their bias and activation), which
-  `vit_jax.kernels.blas_dense` calls;
+  `vit_jax.kernels.blas_dense` calls, of `conv.cc` (convolutions), which
+  `vit_jax.kernels.blas_conv` calls, and of `group_norm.cc`, which
+  `vit_jax.kernels.group_norm` calls;
 - `resolve_matmul`: what the option `matmul` of `vit_jax.kernels.use` ('auto',
   'xla', 'blas') means on this machine for the products, `attention_on_blas` for
   attention.
@@ -46,7 +47,7 @@ from jax import lax
 from vit_jax import errors
 
 MATMUL_IMPLEMENTATIONS = ('auto', 'xla', 'blas')
-SOURCES = ('gemm.cc', 'attention.cc', 'dense.cc')
+SOURCES = ('gemm.cc', 'attention.cc', 'dense.cc', 'conv.cc', 'group_norm.cc')
 HEADERS = ('blas.h', 'parallel_for.h', 'vector_math.h')
 GEMM_TARGET = 'vit_jax_gemm_f32'
 GEMM_BF16_TARGET = 'vit_jax_gemm_bf16'  # bfloat16 operands, float32 result (MKL only).
@@ -54,6 +55,13 @@ GEMM_BF16_TARGET = 'vit_jax_gemm_bf16'  # bfloat16 operands, float32 result (MKL
 DENSE_BF16_TARGET = 'vit_jax_dense_bf16'
 # The products (out (M, N) = op(a) (M, K) @ op(b); `transpose_a` attribute if any).
 GEMM_TARGETS = (GEMM_TARGET, GEMM_BF16_TARGET, DENSE_BF16_TARGET)
+# Convolutions, forward only: out (B, OH, OW, F) = x (B, H, W, C) conv w (KH, KW, C, F).
+CONV_TARGET = 'vit_jax_conv_f32'
+CONV_BF16_TARGET = 'vit_jax_conv_bf16'  # MKL only.
+CONV_TARGETS = (CONV_TARGET, CONV_BF16_TARGET)
+# Group normalisation, forward only: x (B, S, C) with float32 scale and bias (C,).
+GROUP_NORM_TARGET = 'vit_jax_group_norm_f32'
+GROUP_NORM_BF16_TARGET = 'vit_jax_group_norm_bf16'
 ATTENTION_FORWARD_TARGET = 'vit_jax_attention_fwd_f32'  # Also returns the weights.
 ATTENTION_INFERENCE_TARGET = 'vit_jax_attention_f32'  # Forward only: no weights kept.
 ATTENTION_BACKWARD_TARGET = 'vit_jax_attention_bwd_f32'
@@ -216,7 +224,10 @@ def _load() -> tuple[Blas | None, str | None]:
                 ATTENTION_INFERENCE_TARGET: kernels.VitJaxAttentionInferenceF32,
                 ATTENTION_BACKWARD_TARGET: kernels.VitJaxAttentionBackwardF32,
                 ATTENTION_INFERENCE_BF16_TARGET: kernels.VitJaxAttentionInferenceBf16,
-                DENSE_BF16_TARGET: kernels.VitJaxDenseBf16}
+                DENSE_BF16_TARGET: kernels.VitJaxDenseBf16,
+                CONV_TARGET: kernels.VitJaxConvF32, CONV_BF16_TARGET: kernels.VitJaxConvBf16,
+                GROUP_NORM_TARGET: kernels.VitJaxGroupNormF32,
+                GROUP_NORM_BF16_TARGET: kernels.VitJaxGroupNormBf16}
     for target, handler in handlers.items():
       jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform='cpu')
     _LIBRARIES.extend([blas_library, kernels])  # Keep both loaded for the process.

@@ -19,7 +19,11 @@ inside `with use(matmul, dropout):`
   bias runs in one kernel with its bias (`blas_dense.dense_bfloat16`), a `layers.MlpBlock`
   without dropout with its activation in the first, and ViT's patch embedding (a convolution
   whose strides equal its kernel) as one such product of the patches
-  (`blas_dense.patch_embedding_bfloat16`).
+  (`blas_dense.patch_embedding_bfloat16`);
+- every other `nn.Conv` (the hybrid's ResNet stem) whose dtype multiplies on the BLAS
+  convolves through `blas_conv.conv_general_dilated`, and every `nn.GroupNorm` with Flax's
+  defaults there normalises in `group_norm.group_norm` (undifferentiated: one pass for the
+  statistics, one to normalise).
 
 The choice is made while a function is traced, so a jitted function keeps what it was
 first traced with. The trainer and the benchmark run inside
@@ -35,7 +39,8 @@ import jax
 import jax.numpy as jnp
 
 from vit_jax import errors
-from vit_jax.kernels import blas, blas_attention, blas_dense, dropout as dropout_lib
+from vit_jax.kernels import blas, blas_attention, blas_conv, blas_dense, dropout as dropout_lib
+from vit_jax.kernels import group_norm
 from vit_jax.models import attention, layers
 
 DROPOUT_MASKS = ('hash', 'jax')
@@ -63,6 +68,8 @@ def use(matmul: str = 'auto', dropout: str = 'hash'):
       stack.enter_context(nn.intercept_methods(_products_on_blas))
       stack.enter_context(nn.intercept_methods(_mlp_in_dense_kernels))
       stack.enter_context(nn.intercept_methods(_patch_embedding_in_dense_kernel))
+      stack.enter_context(nn.intercept_methods(_convolutions_on_blas))
+      stack.enter_context(nn.intercept_methods(_group_norm_in_kernel))
       stack.enter_context(nn.intercept_methods(_embedding_attend_on_blas))
       if dropout == 'hash':
         stack.enter_context(nn.intercept_methods(_hashed_dropout))
@@ -95,6 +102,44 @@ def _products_on_blas(next_fun, args, kwargs, context):
     return next_fun(*args, **kwargs)
   finally:
     object.__setattr__(layer, 'dot_general', None)
+
+
+def _convolutions_on_blas(next_fun, args, kwargs, context):
+  """Flax interceptor: an `nn.Conv` (or subclass: the hybrid's `StdConv`) whose dtype
+  multiplies on the BLAS convolves with `blas_conv.conv_general_dilated` instead of XLA's.
+  Entered after `_patch_embedding_in_dense_kernel`, which takes its convolutions first."""
+  conv = context.module
+  if not (context.method_name == '__call__' and isinstance(conv, nn.Conv)
+          and conv.conv_general_dilated is None and conv.conv_general_dilated_cls is None
+          and products_on_blas(conv.dtype or jnp.result_type(*jax.tree.leaves(args)))):
+    return next_fun(*args, **kwargs)
+  object.__setattr__(conv, 'conv_general_dilated', blas_conv.conv_general_dilated)
+  try:
+    return next_fun(*args, **kwargs)
+  finally:
+    object.__setattr__(conv, 'conv_general_dilated', None)
+
+
+def _group_norm_in_kernel(next_fun, args, kwargs, context):
+  """Flax interceptor: an `nn.GroupNorm` with Flax's defaults (a scale and a bias, float32
+  statistics, the fast variance, over all positions), its params bound and its dtype's
+  products on the BLAS, runs `group_norm.group_norm` with them."""
+  norm = context.module
+  if not (context.method_name == '__call__' and type(norm) is nn.GroupNorm and len(args) == 1
+          and kwargs.get('mask') is None and set(kwargs) <= {'mask'}):
+    return next_fun(*args, **kwargs)
+  x = args[0]
+  groups = norm.num_groups if norm.group_size is None else x.shape[-1] // norm.group_size
+  if not (jnp.ndim(x) >= 2 and norm.dtype is not None and jnp.dtype(norm.dtype) == x.dtype
+          and x.dtype in (jnp.float32, jnp.bfloat16) and norm.use_bias and norm.use_scale
+          and norm.reduction_axes is None and norm.axis_name is None
+          and norm.use_fast_variance and norm.force_float32_reductions
+          and groups and x.shape[-1] % groups == 0 and products_on_blas(x.dtype)):
+    return next_fun(*args, **kwargs)
+  params = nn.meta.unbox(norm.variables.get('params', {}))
+  if 'scale' not in params or 'bias' not in params:  # Being initialised.
+    return next_fun(*args, **kwargs)
+  return group_norm.group_norm(x, params['scale'], params['bias'], groups, norm.epsilon)
 
 
 def _embedding_attend_on_blas(next_fun, args, kwargs, context):
