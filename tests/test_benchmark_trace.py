@@ -76,6 +76,8 @@ def test_host_ops_that_call_a_library_are_named_and_counted_by_their_target():
 def test_every_cpu_kernel_target_has_its_category():
   targets = {blas.GEMM_TARGET: 'matmul', blas.GEMM_BF16_TARGET: 'matmul',
              blas.DENSE_BF16_TARGET: 'matmul',
+             **{target: 'matmul' for target in blas.CONV_TARGETS},
+             blas.GROUP_NORM_TARGET: 'normalization', blas.GROUP_NORM_BF16_TARGET: 'normalization',
              **{target: 'attention' for target in blas.ATTENTION_TARGETS}}
   assert {t: trace.category(f'ffi_call.7 ({t})') for t in targets} == targets
 

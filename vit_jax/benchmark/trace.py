@@ -32,6 +32,7 @@ CATEGORIES: tuple[tuple[str, re.Pattern], ...] = tuple(
         ('attention', r'fmha|flash|sdpa|dot_product_attention|cudnn(?![-_]?conv)'
                       r'|vit_jax_attention'),
         ('matmul', r'gemm|vit_jax_dense|cublas|cutlass|nvjet|dot|convolution|conv(?!ert)'),
+        ('normalization', r'vit_jax_group_norm'),
         ('collective', r'all[-_]reduce|all[-_]gather|reduce[-_]scatter|all[-_]to[-_]all|nccl'
                        r'|collective'),
         ('copy/transpose', r'copy|transpose|memcpy|dynamic[-_]update[-_]slice'),
