@@ -59,9 +59,14 @@ GEMM_TARGETS = (GEMM_TARGET, GEMM_BF16_TARGET, DENSE_BF16_TARGET)
 CONV_TARGET = 'vit_jax_conv_f32'
 CONV_BF16_TARGET = 'vit_jax_conv_bf16'  # MKL only.
 CONV_TARGETS = (CONV_TARGET, CONV_BF16_TARGET)
-# Group normalisation, forward only: x (B, S, C) with float32 scale and bias (C,).
+# Group normalisation: x (B, S, C) with float32 scale and bias (C,) -> (out, mean, rstd), and
+# its backward pass.
 GROUP_NORM_TARGET = 'vit_jax_group_norm_f32'
 GROUP_NORM_BF16_TARGET = 'vit_jax_group_norm_bf16'
+GROUP_NORM_BACKWARD_TARGET = 'vit_jax_group_norm_bwd_f32'
+GROUP_NORM_BACKWARD_BF16_TARGET = 'vit_jax_group_norm_bwd_bf16'
+GROUP_NORM_TARGETS = (GROUP_NORM_TARGET, GROUP_NORM_BF16_TARGET, GROUP_NORM_BACKWARD_TARGET,
+                      GROUP_NORM_BACKWARD_BF16_TARGET)
 ATTENTION_FORWARD_TARGET = 'vit_jax_attention_fwd_f32'  # Also returns the weights.
 ATTENTION_INFERENCE_TARGET = 'vit_jax_attention_f32'  # Forward only: no weights kept.
 ATTENTION_BACKWARD_TARGET = 'vit_jax_attention_bwd_f32'
@@ -227,7 +232,9 @@ def _load() -> tuple[Blas | None, str | None]:
                 DENSE_BF16_TARGET: kernels.VitJaxDenseBf16,
                 CONV_TARGET: kernels.VitJaxConvF32, CONV_BF16_TARGET: kernels.VitJaxConvBf16,
                 GROUP_NORM_TARGET: kernels.VitJaxGroupNormF32,
-                GROUP_NORM_BF16_TARGET: kernels.VitJaxGroupNormBf16}
+                GROUP_NORM_BF16_TARGET: kernels.VitJaxGroupNormBf16,
+                GROUP_NORM_BACKWARD_TARGET: kernels.VitJaxGroupNormBackwardF32,
+                GROUP_NORM_BACKWARD_BF16_TARGET: kernels.VitJaxGroupNormBackwardBf16}
     for target, handler in handlers.items():
       jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform='cpu')
     _LIBRARIES.extend([blas_library, kernels])  # Keep both loaded for the process.

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.kernels import blas, custom_rules
+from vit_jax.kernels import blas
 from vit_jax.models import layers
 
 # The activations the kernel applies, with their codes in `dense.cc` (None: none). 'gelu'
@@ -75,12 +75,33 @@ def _dense(x, kernel, bias, activation):
   return out.reshape(x.shape[:x.ndim - count] + bias.shape)
 
 
+def _vjp_of_perturbed(layer, *primals):
+  """A custom_vjp forward rule (symbolic zeros): `layer`'s output, and residuals for the
+  gradients of the inputs being differentiated only, so that no unused gradient (the
+  images' in a train step) is traced."""
+  values = [p.value for p in primals]
+  perturbed = [p.perturbed for p in primals]
+
+  def of_perturbed(*differentiated):
+    given = iter(differentiated)
+    return layer(*(next(given) if d else v for v, d in zip(values, perturbed)))
+  out, pullback = jax.vjp(of_perturbed, *(v for v, d in zip(values, perturbed) if d))
+  return out, (pullback, tuple(() if d else None for d in perturbed))
+
+
+def _cotangents(residuals, d_out):
+  """The backward rule to `_vjp_of_perturbed`: None (zero) for the inputs not differentiated."""
+  pullback, differentiated = residuals
+  given = iter(pullback(d_out))
+  return tuple(None if d is None else next(given) for d in differentiated)
+
+
 def _dense_fwd(x, kernel, bias, activation):
-  return custom_rules.vjp_of_perturbed(lambda *a: _as_layer(*a, activation), x, kernel, bias)
+  return _vjp_of_perturbed(lambda *a: _as_layer(*a, activation), x, kernel, bias)
 
 
 def _dense_bwd(activation, residuals, d_out):
-  return custom_rules.cotangents(residuals, d_out)
+  return _cotangents(residuals, d_out)
 
 
 _dense.defvjp(_dense_fwd, _dense_bwd, symbolic_zeros=True)
@@ -120,11 +141,7 @@ def _patch_embedding(images, kernel, bias):
 
 
 def _patch_embedding_fwd(images, kernel, bias):
-  return custom_rules.vjp_of_perturbed(_as_conv, images, kernel, bias)
+  return _vjp_of_perturbed(_as_conv, images, kernel, bias)
 
 
-def _patch_embedding_bwd(residuals, d_out):
-  return custom_rules.cotangents(residuals, d_out)
-
-
-_patch_embedding.defvjp(_patch_embedding_fwd, _patch_embedding_bwd, symbolic_zeros=True)
+_patch_embedding.defvjp(_patch_embedding_fwd, _cotangents, symbolic_zeros=True)

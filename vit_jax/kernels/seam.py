@@ -22,8 +22,7 @@ inside `with use(matmul, dropout):`
   (`blas_dense.patch_embedding_bfloat16`);
 - every other `nn.Conv` (the hybrid's ResNet stem) whose dtype multiplies on the BLAS
   convolves through `blas_conv.conv_general_dilated`, and every `nn.GroupNorm` with Flax's
-  defaults there normalises in `group_norm.group_norm` (undifferentiated: one pass for the
-  statistics, one to normalise).
+  defaults there normalises in `group_norm.group_norm` (two passes over memory each way).
 
 The choice is made while a function is traced, so a jitted function keeps what it was
 first traced with. The trainer and the benchmark run inside
@@ -123,7 +122,7 @@ def _convolutions_on_blas(next_fun, args, kwargs, context):
 def _group_norm_in_kernel(next_fun, args, kwargs, context):
   """Flax interceptor: an `nn.GroupNorm` with Flax's defaults (a scale and a bias, float32
   statistics, the fast variance, over all positions), its params bound and its dtype's
-  products on the BLAS, runs `group_norm.group_norm` with them."""
+  products on the BLAS, runs `group_norm.group_norm` with them (and its gradient)."""
   norm = context.module
   if not (context.method_name == '__call__' and type(norm) is nn.GroupNorm and len(args) == 1
           and kwargs.get('mask') is None and set(kwargs) <= {'mask'}):
