@@ -85,20 +85,33 @@ def test_panels_that_do_not_divide_the_rows(monkeypatch, dtype):
                              atol=tolerance * np.abs(want).max())
 
 
-@pytest.mark.parametrize('kernel_shape,strides', [((3, 3, 8, 16), (2, 2)),
-                                                  ((1, 1, 8, 16), (2, 2)),
-                                                  ((7, 7, 8, 4), (2, 2))])
-def test_gradients_equal_xlas(kernel_shape, strides):
-  x, kernel = _operands((2, 9, 10, 8), kernel_shape)
+# Stride 1 (both gradients on conv.cc: the input's a convolution with the kernel flipped) and
+# strided (the input's gradient XLA's), with SAME and one-sided explicit padding.
+@pytest.mark.parametrize('dtype', DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize('kernel_shape,strides,padding,xla_transposes', [
+    ((3, 3, 8, 16), (1, 1), 'SAME', 0), ((3, 2, 8, 4), (1, 1), ((2, 0), (1, 1)), 0),
+    ((3, 3, 8, 16), (2, 2), 'SAME', 1), ((1, 1, 8, 16), (2, 2), 'SAME', 0),
+    ((7, 7, 8, 4), (2, 2), 'SAME', 1),
+])
+def test_gradients_equal_xlas(dtype, kernel_shape, strides, padding, xla_transposes):
+  x, kernel = _operands((2, 9, 10, 8), kernel_shape, dtype)
   cotangent = jnp.asarray(RNG.standard_normal(
-      _xla(x, kernel, strides, 'SAME').shape), jnp.float32)
+      _xla(x, kernel, strides, padding).shape), jnp.float32)
 
   def loss(conv):
-    return lambda a, b: jnp.sum(conv(a, b, strides, 'SAME') * cotangent)
-  got = jax.jit(jax.grad(loss(_ours), argnums=(0, 1)))(x, kernel)
-  want = jax.grad(loss(_xla), argnums=(0, 1))(x, kernel)
+    return lambda a, b: jnp.sum(conv(a, b, strides, padding).astype(jnp.float32) * cotangent)
+  grad = jax.grad(loss(_ours), argnums=(0, 1))
+  jaxpr = str(jax.make_jaxpr(grad)(x, kernel))
+  assert jaxpr.count('conv_general_dilated') == xla_transposes
+  got = jax.jit(grad)(x, kernel)
+  want = jax.grad(loss(_xla), argnums=(0, 1))(x.astype(jnp.float32),
+                                              kernel.astype(jnp.float32))
+  # float32: the same sums in another order; bfloat16: each gradient rounded once.
+  tolerance = 1e-5 if dtype == jnp.float32 else 2 ** -7
   for g, w in zip(got, want):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+    assert g.dtype == dtype
+    np.testing.assert_allclose(np.asarray(g, np.float32), w, rtol=tolerance,
+                               atol=tolerance * np.abs(w).max())
 
 
 @pytest.mark.parametrize('arguments', [

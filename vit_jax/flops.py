@@ -36,7 +36,11 @@ def _blas_gemm_flops(eqn) -> int:
 
 
 def _blas_conv_flops(eqn) -> int:
-  """A `vit_jax.kernels.blas_conv` convolution: out (B, OH, OW, F), kernel (KH, KW, C, F)."""
+  """A `vit_jax.kernels.blas_conv` convolution (out (B, OH, OW, F), kernel (KH, KW, C, F)) or
+  its weight gradient (x, d_out (B, OH, OW, F) -> (KH, KW, C, F))."""
+  if eqn.params['target_name'] in (blas.CONV_WEIGHT_GRAD_TARGET,
+                                   blas.CONV_WEIGHT_GRAD_BF16_TARGET):
+    return math.prod(eqn.invars[1].aval.shape[:3]) * math.prod(eqn.outvars[0].aval.shape)
   return math.prod(eqn.outvars[0].aval.shape) * math.prod(eqn.invars[1].aval.shape[:3])
 
 

@@ -55,10 +55,14 @@ GEMM_BF16_TARGET = 'vit_jax_gemm_bf16'  # bfloat16 operands, float32 result (MKL
 DENSE_BF16_TARGET = 'vit_jax_dense_bf16'
 # The products (out (M, N) = op(a) (M, K) @ op(b); `transpose_a` attribute if any).
 GEMM_TARGETS = (GEMM_TARGET, GEMM_BF16_TARGET, DENSE_BF16_TARGET)
-# Convolutions, forward only: out (B, OH, OW, F) = x (B, H, W, C) conv w (KH, KW, C, F).
+# Convolutions: out (B, OH, OW, F) = x (B, H, W, C) conv w (KH, KW, C, F).
 CONV_TARGET = 'vit_jax_conv_f32'
 CONV_BF16_TARGET = 'vit_jax_conv_bf16'  # MKL only.
-CONV_TARGETS = (CONV_TARGET, CONV_BF16_TARGET)
+# The weight gradient: x and d_out -> float32 (KH, KW, C, F).
+CONV_WEIGHT_GRAD_TARGET = 'vit_jax_conv_weight_grad_f32'
+CONV_WEIGHT_GRAD_BF16_TARGET = 'vit_jax_conv_weight_grad_bf16'
+CONV_TARGETS = (CONV_TARGET, CONV_BF16_TARGET, CONV_WEIGHT_GRAD_TARGET,
+                CONV_WEIGHT_GRAD_BF16_TARGET)
 # Group normalisation: x (B, S, C) with float32 scale and bias (C,) -> (out, mean, rstd), and
 # its backward pass.
 GROUP_NORM_TARGET = 'vit_jax_group_norm_f32'
@@ -231,6 +235,8 @@ def _load() -> tuple[Blas | None, str | None]:
                 ATTENTION_INFERENCE_BF16_TARGET: kernels.VitJaxAttentionInferenceBf16,
                 DENSE_BF16_TARGET: kernels.VitJaxDenseBf16,
                 CONV_TARGET: kernels.VitJaxConvF32, CONV_BF16_TARGET: kernels.VitJaxConvBf16,
+                CONV_WEIGHT_GRAD_TARGET: kernels.VitJaxConvWeightGradF32,
+                CONV_WEIGHT_GRAD_BF16_TARGET: kernels.VitJaxConvWeightGradBf16,
                 GROUP_NORM_TARGET: kernels.VitJaxGroupNormF32,
                 GROUP_NORM_BF16_TARGET: kernels.VitJaxGroupNormBf16,
                 GROUP_NORM_BACKWARD_TARGET: kernels.VitJaxGroupNormBackwardF32,

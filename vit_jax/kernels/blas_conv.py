@@ -5,8 +5,9 @@ XLA:CPU computes convolutions with its own kernels, and a bfloat16 one in float3
 conversions. `conv_general_dilated` instead multiplies on the BLAS that the Dense layers use
 (`blas.matmul`): a 1x1 convolution is a product of the (strided) pixels with the kernel, on
 the BLAS forward and backward; a larger one gathers each panel of output pixels' input
-patches in cache and multiplies them (`conv.cc`), its gradients computed by XLA as for
-`lax.conv_general_dilated`. Handled: NHWC inputs, HWIO kernels, zero padding, no dilation,
+patches in cache and multiplies them (`conv.cc`), and so do its kernel's gradient (the
+patches' transpose times the output's gradient) and, for stride 1, its input's gradient (a
+convolution with the kernel flipped); a strided convolution's input gradient is XLA's. Handled: NHWC inputs, HWIO kernels, zero padding, no dilation,
 one feature group, float32 (and bfloat16 where `blas.has_bfloat16_products`); anything else
 goes to `lax.conv_general_dilated` unchanged.
 """
@@ -78,19 +79,45 @@ def _panel_rows(depth: int, features: int, itemsize: int) -> int:
   return int(min(512, max(16, rows // 16 * 16)))
 
 
+def _attributes(kernel_shape, dtype, strides, pads) -> dict:
+  kh, kw, channels, features = kernel_shape
+  return dict(stride_h=np.int64(strides[0]), stride_w=np.int64(strides[1]),
+              pad_top=np.int64(pads[0][0]), pad_left=np.int64(pads[1][0]),
+              panel_rows=np.int64(_panel_rows(kh * kw * channels, features,
+                                              jnp.dtype(dtype).itemsize)))
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def _conv(lhs, rhs, strides, pads):
   """lhs (B, H, W, C) conv rhs (KH, KW, C, F) on `conv.cc`: (B, OH, OW, F)."""
   blas.load()  # Registers the FFI targets (once), or says why they cannot run here.
   out = jax.eval_shape(lambda a, b: _as_xla(a, b, strides, pads), lhs, rhs)
-  kh, kw, channels, features = rhs.shape
   bfloat16 = lhs.dtype == jnp.bfloat16
   call = jax.ffi.ffi_call(blas.CONV_BF16_TARGET if bfloat16 else blas.CONV_TARGET, out,
                           vmap_method='sequential')
-  return call(lhs, rhs, stride_h=np.int64(strides[0]), stride_w=np.int64(strides[1]),
-              pad_top=np.int64(pads[0][0]), pad_left=np.int64(pads[1][0]),
-              panel_rows=np.int64(_panel_rows(kh * kw * channels, features,
-                                              jnp.dtype(lhs.dtype).itemsize)))
+  return call(lhs, rhs, **_attributes(rhs.shape, lhs.dtype, strides, pads))
+
+
+def _weight_gradient(lhs, d_out, kernel_shape, strides, pads):
+  """The gradient of `_conv`'s rhs (kernel_shape, lhs's dtype) on `conv.cc`."""
+  bfloat16 = lhs.dtype == jnp.bfloat16
+  call = jax.ffi.ffi_call(
+      blas.CONV_WEIGHT_GRAD_BF16_TARGET if bfloat16 else blas.CONV_WEIGHT_GRAD_TARGET,
+      jax.ShapeDtypeStruct(kernel_shape, jnp.float32), vmap_method='sequential')
+  return call(lhs, d_out, **_attributes(kernel_shape, lhs.dtype, strides, pads)).astype(
+      lhs.dtype)
+
+
+def _input_gradient(lhs, rhs, d_out, strides, pads):
+  """The gradient of `_conv`'s lhs: for stride 1, the convolution of d_out with the kernel
+  flipped in space and transposed (on `conv.cc`); else XLA's transpose of the convolution."""
+  kh, kw = rhs.shape[:2]
+  flipped_pads = tuple((k - 1 - low, k - 1 - high) for k, (low, high) in zip((kh, kw), pads))
+  if strides == (1, 1) and all(low >= 0 and high >= 0 for low, high in flipped_pads):
+    flipped = rhs[::-1, ::-1].transpose(0, 1, 3, 2)  # (KH, KW, F, C)
+    return _conv(d_out, flipped, strides, flipped_pads)
+  d_lhs, = jax.linear_transpose(lambda a: _as_xla(a, rhs, strides, pads), lhs)(d_out)
+  return d_lhs
 
 
 def _conv_fwd(lhs, rhs, strides, pads):
@@ -102,13 +129,13 @@ def _conv_fwd(lhs, rhs, strides, pads):
 
 
 def _conv_bwd(strides, pads, residuals, grad):
-  # The convolution's transposes as XLA computes them (no forward product traced).
   lhs, rhs, lhs_perturbed, rhs_perturbed = residuals
+  grad = grad.astype(lhs.dtype)
   d_lhs = d_rhs = None
   if lhs_perturbed is not None:
-    d_lhs, = jax.linear_transpose(lambda a: _as_xla(a, rhs, strides, pads), lhs)(grad)
+    d_lhs = _input_gradient(lhs, rhs, grad, strides, pads)
   if rhs_perturbed is not None:
-    d_rhs, = jax.linear_transpose(lambda b: _as_xla(lhs, b, strides, pads), rhs)(grad)
+    d_rhs = _weight_gradient(lhs, grad, rhs.shape, strides, pads)
   return d_lhs, d_rhs
 
 

@@ -7,7 +7,9 @@
 // buffer that stays in its cache, (rows, KH * KW * C), and multiplies it with
 // w read as (KH * KW * C, F): no patch matrix goes out to memory. float32 on
 // sgemm; bfloat16 on MKL's bfloat16 product (float32 accumulation, rounded
-// once), w packed once where MKL can.
+// once), w packed once where MKL can. The weight gradient gathers the same
+// patches and multiplies their transpose with the output's gradient, each task
+// summing its panels in float32.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -161,6 +163,90 @@ ffi::Error ConvBf16(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16, 4> x,
   return ffi::Error::Success();
 }
 
+// Threads' partial sums of the weight gradient: at most this many, each (KH * KW * C, F).
+constexpr int64_t kMaxParts = 8;
+
+// d_w (KH * KW * C, F) = patches(x)^T (KH * KW * C, rows) @ d_out (rows, F), in float32:
+// the panels of output rows are split into `parts` contiguous runs, each accumulated by one
+// task into its own float32 sum; the sums are added at the end.
+template <typename T, typename Multiply>
+void WeightGradient(ffi::ThreadPool& pool, const T* x, const Geometry& g, int64_t panel_rows,
+                    const Multiply& multiply, float* d_w) {
+  const int64_t m = g.Rows(), k = g.Depth(), n = g.features;
+  const int64_t panels = (m + panel_rows - 1) / panel_rows;
+  const int64_t parts = std::max<int64_t>(
+      1, std::min<int64_t>({panels, pool.num_threads() + 1, kMaxParts}));
+  std::vector<float> sums((parts - 1) * k * n);
+  ParallelFor(pool, parts, [&](int64_t part) {
+    float* sum = part == 0 ? d_w : sums.data() + (part - 1) * k * n;
+    std::fill(sum, sum + k * n, 0.0f);
+    thread_local std::vector<T> cols;
+    for (int64_t panel = part * panels / parts; panel < (part + 1) * panels / parts; ++panel) {
+      const int64_t first = panel * panel_rows, rows = std::min(panel_rows, m - first);
+      cols.resize(rows * k);
+      GatherPatches(x, g, first, rows, cols.data());
+      multiply(cols.data(), first, rows, sum);  // sum += cols^T @ d_out[first:first + rows]
+    }
+  });
+  for (int64_t part = 1; part < parts; ++part) {
+    const float* sum = sums.data() + (part - 1) * k * n;
+    for (int64_t i = 0; i < k * n; ++i) d_w[i] += sum[i];
+  }
+}
+
+ffi::Error ConvWeightGradF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 4> x,
+                             ffi::Buffer<ffi::F32, 4> d_out,
+                             ffi::Result<ffi::Buffer<ffi::F32, 4>> d_w, int64_t stride_h,
+                             int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                             int64_t panel_rows) {
+  Geometry g;
+  const auto wd = d_w->dimensions(), od = d_out.dimensions();
+  if (auto error = ReadGeometry(x.dimensions(), wd, od, stride_h, stride_w, pad_top, pad_left,
+                                &g);
+      error.failure()) {
+    return error;
+  }
+  if (sgemm == nullptr || panel_rows < 1) {
+    return ffi::Error::InvalidArgument("vit_jax conv: no sgemm, or panel_rows < 1");
+  }
+  const float* grad = d_out.typed_data();
+  const int64_t k = g.Depth(), n = g.features;
+  WeightGradient(pool, x.typed_data(), g, panel_rows,
+                 [&](const float* cols, int64_t first, int64_t rows, float* sum) {
+                   Gemm(true, false, k, n, rows, 1.0f, cols, k, grad + first * n, n, 1.0f,
+                        sum, n);
+                 },
+                 d_w->typed_data());
+  return ffi::Error::Success();
+}
+
+ffi::Error ConvWeightGradBf16(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16, 4> x,
+                              ffi::Buffer<ffi::BF16, 4> d_out,
+                              ffi::Result<ffi::Buffer<ffi::F32, 4>> d_w, int64_t stride_h,
+                              int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                              int64_t panel_rows) {
+  Geometry g;
+  const auto wd = d_w->dimensions(), od = d_out.dimensions();
+  if (auto error = ReadGeometry(x.dimensions(), wd, od, stride_h, stride_w, pad_top, pad_left,
+                                &g);
+      error.failure()) {
+    return error;
+  }
+  if (gemm_bf16 == nullptr || panel_rows < 1) {
+    return ffi::Error::InvalidArgument(
+        "vit_jax conv: the BLAS has no bfloat16 product, or panel_rows < 1");
+  }
+  const auto* grad = reinterpret_cast<const uint16_t*>(d_out.untyped_data());
+  const int64_t k = g.Depth(), n = g.features;
+  WeightGradient(pool, reinterpret_cast<const uint16_t*>(x.untyped_data()), g, panel_rows,
+                 [&](const uint16_t* cols, int64_t first, int64_t rows, float* sum) {
+                   gemm_bf16(kRowMajor, kTrans, kNoTrans, k, n, rows, 1.0f, cols, k,
+                             grad + first * n, n, 1.0f, sum, n);
+                 },
+                 d_w->typed_data());
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace vit_jax
 
@@ -180,3 +266,21 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxConvF32, vit_jax::ConvF32,
                               VIT_JAX_CONV_BINDING(ffi::F32));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxConvBf16, vit_jax::ConvBf16,
                               VIT_JAX_CONV_BINDING(ffi::BF16));
+
+// The weight gradient: x (B, H, W, C) and d_out (B, OH, OW, F) -> float32 (KH, KW, C, F).
+#define VIT_JAX_CONV_WEIGHT_GRAD_BINDING(kType)      \
+  ffi::Ffi::Bind()                                    \
+      .Ctx<ffi::ThreadPool>()                         \
+      .Arg<ffi::Buffer<kType, 4>>()                   \
+      .Arg<ffi::Buffer<kType, 4>>()                   \
+      .Ret<ffi::Buffer<ffi::F32, 4>>()                \
+      .Attr<int64_t>("stride_h")                      \
+      .Attr<int64_t>("stride_w")                      \
+      .Attr<int64_t>("pad_top")                       \
+      .Attr<int64_t>("pad_left")                      \
+      .Attr<int64_t>("panel_rows")
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxConvWeightGradF32, vit_jax::ConvWeightGradF32,
+                              VIT_JAX_CONV_WEIGHT_GRAD_BINDING(ffi::F32));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxConvWeightGradBf16, vit_jax::ConvWeightGradBf16,
+                              VIT_JAX_CONV_WEIGHT_GRAD_BINDING(ffi::BF16));
