@@ -10,11 +10,8 @@ version, into a cache directory), registers them as XLA FFI targets and builds o
 - `matmul(a, b)`: a 2-D product with its own gradient (no transposed copies);
 - `dot_general`: a drop-in for `lax.dot_general` that Flax `Dense` and
   `DenseGeneral` accept; products it cannot express fall back to XLA;
-- the FFI targets of `attention.cc`, which `vit_jax.kernels.blas_attention` calls, of
-  `dense.cc` (bfloat16 Dense layers with their bias and activation), which
-  `vit_jax.kernels.blas_dense` calls, of `conv.cc` (convolutions), which
-  `vit_jax.kernels.blas_conv` calls, and of `group_norm.cc`, which
-  `vit_jax.kernels.group_norm` calls;
+- the FFI targets of the other kernels, which `blas_attention`, `blas_dense`, `blas_conv`
+  and `group_norm` (in `vit_jax.kernels`) call;
 - `resolve_matmul`: what the option `matmul` of `vit_jax.kernels.use` ('auto',
   'xla', 'blas') means on this machine for the products, `attention_on_blas` for
   attention.
@@ -63,8 +60,7 @@ CONV_WEIGHT_GRAD_TARGET = 'vit_jax_conv_weight_grad_f32'
 CONV_WEIGHT_GRAD_BF16_TARGET = 'vit_jax_conv_weight_grad_bf16'
 CONV_TARGETS = (CONV_TARGET, CONV_BF16_TARGET, CONV_WEIGHT_GRAD_TARGET,
                 CONV_WEIGHT_GRAD_BF16_TARGET)
-# Group normalisation: x (B, S, C) with float32 scale and bias (C,) -> (out, mean, rstd), and
-# its backward pass.
+# GroupNorm: x (B, S, C), float32 scale and bias (C,) -> (out, mean, rstd); its backward pass.
 GROUP_NORM_TARGET = 'vit_jax_group_norm_f32'
 GROUP_NORM_BF16_TARGET = 'vit_jax_group_norm_bf16'
 GROUP_NORM_BACKWARD_TARGET = 'vit_jax_group_norm_bwd_f32'
@@ -228,21 +224,21 @@ def _load() -> tuple[Blas | None, str | None]:
     kernels.vit_jax_set_blas(pointer(blas.sgemm_symbol), pointer(blas.threads_symbol),
                              pointer(blas.bf16_symbol),
                              *map(pointer, blas.bf16_pack_symbols or (None,) * 3))
-    handlers = {GEMM_TARGET: kernels.VitJaxGemmF32, GEMM_BF16_TARGET: kernels.VitJaxGemmBf16,
-                ATTENTION_FORWARD_TARGET: kernels.VitJaxAttentionForwardF32,
-                ATTENTION_INFERENCE_TARGET: kernels.VitJaxAttentionInferenceF32,
-                ATTENTION_BACKWARD_TARGET: kernels.VitJaxAttentionBackwardF32,
-                ATTENTION_INFERENCE_BF16_TARGET: kernels.VitJaxAttentionInferenceBf16,
-                DENSE_BF16_TARGET: kernels.VitJaxDenseBf16,
-                CONV_TARGET: kernels.VitJaxConvF32, CONV_BF16_TARGET: kernels.VitJaxConvBf16,
-                CONV_WEIGHT_GRAD_TARGET: kernels.VitJaxConvWeightGradF32,
-                CONV_WEIGHT_GRAD_BF16_TARGET: kernels.VitJaxConvWeightGradBf16,
-                GROUP_NORM_TARGET: kernels.VitJaxGroupNormF32,
-                GROUP_NORM_BF16_TARGET: kernels.VitJaxGroupNormBf16,
-                GROUP_NORM_BACKWARD_TARGET: kernels.VitJaxGroupNormBackwardF32,
-                GROUP_NORM_BACKWARD_BF16_TARGET: kernels.VitJaxGroupNormBackwardBf16}
+    handlers = {
+        GEMM_TARGET: 'GemmF32', GEMM_BF16_TARGET: 'GemmBf16', DENSE_BF16_TARGET: 'DenseBf16',
+        ATTENTION_FORWARD_TARGET: 'AttentionForwardF32',
+        ATTENTION_INFERENCE_TARGET: 'AttentionInferenceF32',
+        ATTENTION_BACKWARD_TARGET: 'AttentionBackwardF32',
+        ATTENTION_INFERENCE_BF16_TARGET: 'AttentionInferenceBf16',
+        CONV_TARGET: 'ConvF32', CONV_BF16_TARGET: 'ConvBf16',
+        CONV_WEIGHT_GRAD_TARGET: 'ConvWeightGradF32',
+        CONV_WEIGHT_GRAD_BF16_TARGET: 'ConvWeightGradBf16',
+        GROUP_NORM_TARGET: 'GroupNormF32', GROUP_NORM_BF16_TARGET: 'GroupNormBf16',
+        GROUP_NORM_BACKWARD_TARGET: 'GroupNormBackwardF32',
+        GROUP_NORM_BACKWARD_BF16_TARGET: 'GroupNormBackwardBf16'}
     for target, handler in handlers.items():
-      jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(handler), platform='cpu')
+      jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(kernels, f'VitJax{handler}')),
+                                  platform='cpu')
     _LIBRARIES.extend([blas_library, kernels])  # Keep both loaded for the process.
     return blas, None
   except KernelUnavailable as error:

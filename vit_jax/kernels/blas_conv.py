@@ -7,9 +7,10 @@ conversions. `conv_general_dilated` instead multiplies on the BLAS that the Dens
 the BLAS forward and backward; a larger one gathers each panel of output pixels' input
 patches in cache and multiplies them (`conv.cc`), and so do its kernel's gradient (the
 patches' transpose times the output's gradient) and, for stride 1, its input's gradient (a
-convolution with the kernel flipped); a strided convolution's input gradient is XLA's. Handled: NHWC inputs, HWIO kernels, zero padding, no dilation,
-one feature group, float32 (and bfloat16 where `blas.has_bfloat16_products`); anything else
-goes to `lax.conv_general_dilated` unchanged.
+convolution with the kernel flipped); a strided convolution's input gradient is XLA's.
+Handled: NHWC inputs, HWIO kernels, zero padding, no dilation, one feature group, float32
+(and bfloat16 where `blas.has_bfloat16_products`); anything else goes to
+`lax.conv_general_dilated` unchanged.
 """
 
 import functools

@@ -125,11 +125,11 @@ def _group_norm_in_kernel(next_fun, args, kwargs, context):
   products on the BLAS, runs `group_norm.group_norm` with them (and its gradient)."""
   norm = context.module
   if not (context.method_name == '__call__' and type(norm) is nn.GroupNorm and len(args) == 1
-          and kwargs.get('mask') is None and set(kwargs) <= {'mask'}):
+          and jnp.ndim(args[0]) >= 2 and kwargs.get('mask') is None and set(kwargs) <= {'mask'}):
     return next_fun(*args, **kwargs)
   x = args[0]
   groups = norm.num_groups if norm.group_size is None else x.shape[-1] // norm.group_size
-  if not (jnp.ndim(x) >= 2 and norm.dtype is not None and jnp.dtype(norm.dtype) == x.dtype
+  if not (norm.dtype is not None and jnp.dtype(norm.dtype) == x.dtype
           and x.dtype in (jnp.float32, jnp.bfloat16) and norm.use_bias and norm.use_scale
           and norm.reduction_axes is None and norm.axis_name is None
           and norm.use_fast_variance and norm.force_float32_reductions
