@@ -70,17 +70,22 @@ void GatherPatches(const T* x, const Geometry& g, int64_t first, int64_t rows, T
   }
 }
 
-// g from the dimensions of x, w and out and the attributes; an error if they do not fit.
+// g from the dimensions of x, w and out and the attributes; an error if they do not fit,
+// or if the BLAS lacks the product (`has_product` false).
 ffi::Error ReadGeometry(ffi::Span<const int64_t> xd, ffi::Span<const int64_t> wd,
                         ffi::Span<const int64_t> od, int64_t stride_h, int64_t stride_w,
-                        int64_t pad_top, int64_t pad_left, Geometry* g) {
+                        int64_t pad_top, int64_t pad_left, int64_t panel_rows,
+                        bool has_product, Geometry* g) {
+  if (!has_product) {
+    return ffi::Error::InvalidArgument("vit_jax conv: the BLAS has no product of this type");
+  }
   *g = {xd[0], xd[1], xd[2], xd[3], wd[0], wd[1], wd[3], od[1], od[2],
         stride_h, stride_w, pad_top, pad_left};
   if (wd[2] != g->channels || od[0] != g->batch || od[3] != g->features) {
     return ffi::Error::InvalidArgument("vit_jax conv: x, w and out do not fit");
   }
-  if (stride_h < 1 || stride_w < 1 || pad_top < 0 || pad_left < 0) {
-    return ffi::Error::InvalidArgument("vit_jax conv: bad strides or padding");
+  if (stride_h < 1 || stride_w < 1 || pad_top < 0 || pad_left < 0 || panel_rows < 1) {
+    return ffi::Error::InvalidArgument("vit_jax conv: bad strides, padding or panel_rows");
   }
   return ffi::Error::Success();
 }
@@ -91,12 +96,9 @@ ffi::Error ConvF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 4> x,
                    int64_t panel_rows) {
   Geometry g;
   if (auto error = ReadGeometry(x.dimensions(), w.dimensions(), out->dimensions(), stride_h,
-                                stride_w, pad_top, pad_left, &g);
+                                stride_w, pad_top, pad_left, panel_rows, sgemm != nullptr, &g);
       error.failure()) {
     return error;
-  }
-  if (sgemm == nullptr || panel_rows < 1) {
-    return ffi::Error::InvalidArgument("vit_jax conv: no sgemm, or panel_rows < 1");
   }
   const int64_t m = g.Rows(), k = g.Depth(), n = g.features;
   if (m == 0 || n == 0) return ffi::Error::Success();
@@ -120,13 +122,10 @@ ffi::Error ConvBf16(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16, 4> x,
                     int64_t panel_rows) {
   Geometry g;
   if (auto error = ReadGeometry(x.dimensions(), w.dimensions(), out->dimensions(), stride_h,
-                                stride_w, pad_top, pad_left, &g);
+                                stride_w, pad_top, pad_left, panel_rows,
+                                gemm_bf16 != nullptr, &g);
       error.failure()) {
     return error;
-  }
-  if (gemm_bf16 == nullptr || panel_rows < 1) {
-    return ffi::Error::InvalidArgument(
-        "vit_jax conv: the BLAS has no bfloat16 product, or panel_rows < 1");
   }
   const int64_t m = g.Rows(), k = g.Depth(), n = g.features;
   if (m == 0 || n == 0) return ffi::Error::Success();
@@ -202,12 +201,9 @@ ffi::Error ConvWeightGradF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 4> x,
   Geometry g;
   const auto wd = d_w->dimensions(), od = d_out.dimensions();
   if (auto error = ReadGeometry(x.dimensions(), wd, od, stride_h, stride_w, pad_top, pad_left,
-                                &g);
+                                panel_rows, sgemm != nullptr, &g);
       error.failure()) {
     return error;
-  }
-  if (sgemm == nullptr || panel_rows < 1) {
-    return ffi::Error::InvalidArgument("vit_jax conv: no sgemm, or panel_rows < 1");
   }
   const float* grad = d_out.typed_data();
   const int64_t k = g.Depth(), n = g.features;
@@ -228,13 +224,9 @@ ffi::Error ConvWeightGradBf16(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16, 4> x,
   Geometry g;
   const auto wd = d_w->dimensions(), od = d_out.dimensions();
   if (auto error = ReadGeometry(x.dimensions(), wd, od, stride_h, stride_w, pad_top, pad_left,
-                                &g);
+                                panel_rows, gemm_bf16 != nullptr, &g);
       error.failure()) {
     return error;
-  }
-  if (gemm_bf16 == nullptr || panel_rows < 1) {
-    return ffi::Error::InvalidArgument(
-        "vit_jax conv: the BLAS has no bfloat16 product, or panel_rows < 1");
   }
   const auto* grad = reinterpret_cast<const uint16_t*>(d_out.untyped_data());
   const int64_t k = g.Depth(), n = g.features;

@@ -95,12 +95,17 @@ def _products_on_blas(next_fun, args, kwargs, context):
   params = _dense_params(layer, args)
   if params is not None:
     return blas_dense.dense_bfloat16(args[0], params['kernel'], params['bias'])
-  # Layers are frozen dataclasses; the product is swapped for this one call only.
-  object.__setattr__(layer, 'dot_general', blas.dot_general)
+  return _call_with(layer, 'dot_general', blas.dot_general, next_fun, args, kwargs)
+
+
+def _call_with(module, field, value, next_fun, args, kwargs):
+  """`next_fun(*args, **kwargs)` with `module.field` (None: Flax's default) set to `value` for
+  this one call (modules are frozen dataclasses)."""
+  object.__setattr__(module, field, value)
   try:
     return next_fun(*args, **kwargs)
   finally:
-    object.__setattr__(layer, 'dot_general', None)
+    object.__setattr__(module, field, None)
 
 
 def _convolutions_on_blas(next_fun, args, kwargs, context):
@@ -112,11 +117,8 @@ def _convolutions_on_blas(next_fun, args, kwargs, context):
           and conv.conv_general_dilated is None and conv.conv_general_dilated_cls is None
           and products_on_blas(conv.dtype or jnp.result_type(*jax.tree.leaves(args)))):
     return next_fun(*args, **kwargs)
-  object.__setattr__(conv, 'conv_general_dilated', blas_conv.conv_general_dilated)
-  try:
-    return next_fun(*args, **kwargs)
-  finally:
-    object.__setattr__(conv, 'conv_general_dilated', None)
+  return _call_with(conv, 'conv_general_dilated', blas_conv.conv_general_dilated, next_fun,
+                    args, kwargs)
 
 
 def _group_norm_in_kernel(next_fun, args, kwargs, context):
