@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from vit_jax import kernels, models
-from vit_jax.kernels import blas, blas_attention
+from vit_jax.kernels import blas
 from vit_jax.flops import count_flops
 
 try:
@@ -405,105 +405,6 @@ def test_a_failed_build_is_reported(tmp_path, monkeypatch):
   with pytest.raises(blas.KernelUnavailable, match=r'Building the BLAS kernels failed \(false\)'):
     blas._build([str(source)])
   assert not list((tmp_path / 'kernels').iterdir())  # No half-written library left.
-
-
-def test_attention_and_its_gradients_match_plain_attention():
-  # Cross-attention shapes (T != S), heads interleaved in (B, T, N, H) as projected.
-  query, key, value = _random(2, 5, 3, 8), _random(2, 7, 3, 8), _random(2, 7, 3, 8)
-  reference = lambda q, k, v: models.plain_attention(q, k, v)[0]  # noqa: E731
-  want_out = reference(query, key, value)
-  # Called plainly, the kernel that keeps no weights; under jax.vjp, the one that does.
-  assert blas.ATTENTION_INFERENCE_TARGET in str(jax.make_jaxpr(blas_attention.attention)(
-      query, key, value))
-  np.testing.assert_allclose(jax.jit(blas_attention.attention)(query, key, value), want_out,
-                             rtol=1e-5, atol=1e-6)
-  vjp_out = jax.jit(lambda *qkv: jax.vjp(blas_attention.attention, *qkv)[0])(query, key, value)
-  np.testing.assert_allclose(vjp_out, want_out, rtol=1e-5, atol=1e-6)
-  loss = lambda f: (lambda *qkv: jnp.sum(jnp.sin(3 * f(*qkv))))  # noqa: E731
-  got = jax.jit(jax.grad(loss(blas_attention.attention), argnums=(0, 1, 2)))(query, key, value)
-  want = jax.jit(jax.grad(loss(reference), argnums=(0, 1, 2)))(query, key, value)
-  for g, w in zip(got, want):
-    np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
-
-
-def _exact_attention(query, key, value):
-  q, k, v = (np.asarray(x, np.float64) for x in (query, key, value))
-  logits = np.einsum('btnh,bsnh->bnts', q, k) / np.sqrt(q.shape[-1])
-  weights = np.exp(logits - logits.max(-1, keepdims=True))
-  weights /= weights.sum(-1, keepdims=True)
-  return np.einsum('bnts,bsnh->btnh', weights, v)
-
-
-@pytest.mark.skipif(not BLAS.bf16_symbol, reason=f'{BLAS.name} has no bfloat16 gemm')
-def test_bfloat16_attention_is_within_bfloat16_rounding_of_the_exact_value():
-  query, key, value = (x.astype(jnp.bfloat16) for x in (
-      _random(2, 5, 3, 8), _random(2, 7, 3, 8), _random(2, 7, 3, 8)))
-  bfloat16_attention = blas_attention.attention_bfloat16
-  assert blas.ATTENTION_INFERENCE_BF16_TARGET in str(jax.make_jaxpr(bfloat16_attention)(
-      query, key, value))
-  got = jax.jit(bfloat16_attention)(query, key, value)
-  assert got.dtype == jnp.bfloat16 and got.shape == query.shape
-  exact = _exact_attention(query, key, value)
-  # The weights and the result each rounded to bfloat16 (8 significant bits) once.
-  np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=2 ** -7,
-                             atol=2 ** -8 * np.abs(exact).max())
-  # A NaN in one query reaches that query's row of that head, and nothing else.
-  nan_out = np.asarray(jax.jit(bfloat16_attention)(query.at[1, 2, 0, 3].set(jnp.nan), key,
-                                                   value), np.float32)
-  assert np.isnan(nan_out[1, 2, 0]).all() and np.isnan(nan_out).sum() == nan_out.shape[-1]
-
-
-@pytest.mark.skipif(not BLAS.bf16_symbol, reason=f'{BLAS.name} has no bfloat16 gemm')
-def test_bfloat16_attention_trains_as_float32_attention_rounded():
-  # Differentiated, the forward pass and the gradients are the float32 kernels' (as before
-  # the bfloat16 kernel), rounded to bfloat16.
-  query, key, value = (x.astype(jnp.bfloat16) for x in (
-      _random(2, 5, 3, 8), _random(2, 7, 3, 8), _random(2, 7, 3, 8)))
-  cotangent = _random(2, 5, 3, 8)
-
-  def as_float32(q, k, v):
-    float32 = (x.astype(jnp.float32) for x in (q, k, v))
-    return blas_attention.attention(*float32).astype(jnp.bfloat16)
-
-  def vjp(fn):
-    out, pullback = jax.vjp(fn, query, key, value)
-    return (out, *pullback(cotangent.astype(jnp.bfloat16)))
-
-  got = jax.jit(lambda: vjp(blas_attention.attention_bfloat16))()
-  want = jax.jit(lambda: vjp(as_float32))()
-  for g, w in zip(got, want):
-    assert g.dtype == jnp.bfloat16
-    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
-  jaxpr = str(jax.make_jaxpr(lambda: vjp(blas_attention.attention_bfloat16))())
-  assert blas.ATTENTION_FORWARD_TARGET in jaxpr and blas.ATTENTION_BACKWARD_TARGET in jaxpr
-  assert blas.ATTENTION_INFERENCE_BF16_TARGET not in jaxpr
-
-
-def test_bfloat16_attention_without_mkls_bfloat16_product_attends_in_float32(monkeypatch):
-  monkeypatch.setattr(blas, 'has_bfloat16_products', lambda: False)
-  query, key, value = (_random(2, 5, 3, 8).astype(jnp.bfloat16) for _ in range(3))
-  jaxpr = str(jax.make_jaxpr(blas_attention.attention_bfloat16)(query, key, value))
-  assert blas.ATTENTION_INFERENCE_TARGET in jaxpr
-  assert blas.ATTENTION_INFERENCE_BF16_TARGET not in jaxpr
-  float32 = (x.astype(jnp.float32) for x in (query, key, value))
-  np.testing.assert_array_equal(
-      np.asarray(jax.jit(blas_attention.attention_bfloat16)(query, key, value), np.float32),
-      np.asarray(blas_attention.attention(*float32).astype(jnp.bfloat16), np.float32))
-
-
-def test_blas_attention_module_masked_calls_run_head_major():
-  layer = models.MultiHeadDotProductAttention(num_heads=2, implementation='blas')
-  x = _random(2, 6, 8)
-  variables = layer.init(jax.random.PRNGKey(0), x)
-  mask = models.make_padding_mask(jnp.arange(6)[None] < jnp.array([[4], [6]]),
-                                  jnp.arange(6)[None] < jnp.array([[4], [6]]))
-  masked = lambda impl: layer.clone(implementation=impl).apply(  # noqa: E731
-      variables, x, mask=mask)
-  np.testing.assert_allclose(masked('blas'), masked('plain'), rtol=1e-5, atol=1e-6)
-  unmasked = jax.make_jaxpr(lambda v: layer.apply(v, x))(variables)
-  assert blas.ATTENTION_INFERENCE_TARGET in str(unmasked)
-  masked_jaxpr = str(jax.make_jaxpr(lambda v: layer.apply(v, x, mask=mask))(variables))
-  assert not any(target in masked_jaxpr for target in blas.ATTENTION_TARGETS)
 
 
 def test_kernel_sources_ship_as_package_data():

@@ -1,9 +1,10 @@
-"""Unmasked multi-head attention on the BLAS: the Python side of `attention.cc`.
+"""Multi-head attention on the BLAS: the Python side of `attention.cc`.
 
-q (B, T, N, H), k and v (B, S, N, H) in the layout the projections produce. `attention`
-(float32) and `attention_bfloat16` have their own gradients; undifferentiated, they call
-kernels that keep no attention weights. The kernels are built and registered by
-`vit_jax.kernels.blas.load`.
+q (B, T, N, H), k and v (B, S, N, H) in the layout the projections produce, and an
+optional boolean mask (True = attend) the same for every head (`mask_rows` says which
+masks are). `attention` (float32) and `attention_bfloat16` have their own gradients;
+undifferentiated, they call kernels that keep no attention weights. The kernels are built
+and registered by `vit_jax.kernels.blas.load`.
 """
 
 import jax
@@ -12,41 +13,63 @@ import jax.numpy as jnp
 from vit_jax.kernels import blas
 
 
-def _forward_only(target: str, dtype, query, key, value) -> jax.Array:
-  """The forward-only kernel `target` on (query, key, value), its result in `dtype`."""
+def mask_rows(mask: jax.Array, query_shape: tuple, key_shape: tuple) -> jax.Array | None:
+  """`mask` (broadcastable to (B, N, T, S)) as the kernels take it, (B or 1, T, S) booleans;
+  None where it differs between heads (the kernels apply one mask to every head)."""
+  (batch, queries, _, _), keys = query_shape, key_shape[1]
+  mask = jnp.asarray(mask, bool)
+  mask = mask.reshape((1,) * (4 - mask.ndim) + mask.shape)  # (B|1, N|1, T|1, S|1)
+  if mask.shape[1] != 1:
+    return None
+  rows = jnp.broadcast_shapes(mask.shape, (1, 1, queries, keys))
+  mask = jnp.broadcast_to(mask, rows)[:, 0]  # (B|1, T, S)
+  return mask if mask.shape[0] in (1, batch) else None
+
+
+def _arguments(query, key, value, mask):
+  return (query, key, value) if mask is None else (query, key, value, mask)
+
+
+def _forward_only(target: str, dtype, query, key, value, mask) -> jax.Array:
+  """The forward-only kernel `target` on (query, key, value[, mask]), its result in `dtype`."""
   blas.load()
   call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(query.shape, dtype),
                           vmap_method='sequential')
-  return call(query, key, value)
+  return call(*_arguments(query, key, value, mask))
 
 
 @jax.custom_vjp
-def attention(query: jax.Array, key: jax.Array, value: jax.Array) -> jax.Array:
-  """softmax(q k^T / sqrt(H)) v per head, unmasked, float32, on the BLAS.
+def attention(query: jax.Array, key: jax.Array, value: jax.Array,
+              mask: jax.Array | None = None) -> jax.Array:
+  """softmax(q k^T / sqrt(H)) v per head, float32, on the BLAS.
 
-  query (B, T, N, H), key and value (B, S, N, H) -> (B, T, N, H). When
-  differentiated, the forward pass keeps the weights (B, N, T, S) for the
-  backward pass: memory grows with T * S, like `plain_attention`'s. Otherwise
-  each head's weights stay in a per-thread buffer.
+  query (B, T, N, H), key and value (B, S, N, H) -> (B, T, N, H); `mask` (B or 1, T, S)
+  booleans (`mask_rows`), True = attend, or None. Masked keys weigh nothing, as with
+  `plain_attention`'s where(mask, scores, lowest float): a query that attends to no key
+  weighs all equally, and masked scores get no gradient. When differentiated, the forward
+  pass keeps the weights (B, N, T, S) for the backward pass: memory grows with T * S,
+  like `plain_attention`'s. Otherwise each head's weights stay in a per-thread buffer.
   """
-  return _forward_only(blas.ATTENTION_INFERENCE_TARGET, jnp.float32, query, key, value)
+  return _forward_only(blas.ATTENTION_INFERENCE_TARGET, jnp.float32, query, key, value, mask)
 
 
-def _attention_fwd(query, key, value):
+def _attention_fwd(query, key, value, mask=None):
   batch, queries, heads, _ = query.shape
   blas.load()
   shapes = (jax.ShapeDtypeStruct(query.shape, jnp.float32),
             jax.ShapeDtypeStruct((batch, heads, queries, key.shape[1]), jnp.float32))
   call = jax.ffi.ffi_call(blas.ATTENTION_FORWARD_TARGET, shapes, vmap_method='sequential')
-  out, probs = call(query, key, value)
-  return out, (query, key, value, probs)
+  out, probs = call(*_arguments(query, key, value, mask))
+  return out, (query, key, value, mask, probs)
 
 
 def _attention_bwd(residuals, d_out):
-  query, key, value, probs = residuals
+  query, key, value, mask, probs = residuals
   shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (query, key, value))
   call = jax.ffi.ffi_call(blas.ATTENTION_BACKWARD_TARGET, shapes, vmap_method='sequential')
-  return tuple(call(query, key, value, probs, d_out.astype(jnp.float32)))
+  arguments = (query, key, value, probs, d_out.astype(jnp.float32))
+  grads = call(*arguments, *(() if mask is None else (mask,)))
+  return (*grads, None)
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)
@@ -57,7 +80,8 @@ def _as_float32(*arrays):
 
 
 @jax.custom_vjp
-def attention_bfloat16(query: jax.Array, key: jax.Array, value: jax.Array) -> jax.Array:
+def attention_bfloat16(query: jax.Array, key: jax.Array, value: jax.Array,
+                       mask: jax.Array | None = None) -> jax.Array:
   """`attention` of bfloat16 inputs, bfloat16 result.
 
   Undifferentiated, where MKL multiplies bfloat16 (`blas.has_bfloat16_products`), on its
@@ -68,17 +92,19 @@ def attention_bfloat16(query: jax.Array, key: jax.Array, value: jax.Array) -> ja
   makes its bfloat16 attention slower than float32 on the BLAS).
   """
   if not blas.has_bfloat16_products():
-    return attention(*_as_float32(query, key, value)).astype(jnp.bfloat16)
-  return _forward_only(blas.ATTENTION_INFERENCE_BF16_TARGET, jnp.bfloat16, query, key, value)
+    return attention(*_as_float32(query, key, value), mask).astype(jnp.bfloat16)
+  return _forward_only(blas.ATTENTION_INFERENCE_BF16_TARGET, jnp.bfloat16, query, key, value,
+                       mask)
 
 
-def _attention_bfloat16_fwd(query, key, value):
-  out, residuals = _attention_fwd(*_as_float32(query, key, value))
+def _attention_bfloat16_fwd(query, key, value, mask=None):
+  out, residuals = _attention_fwd(*_as_float32(query, key, value), mask)
   return out.astype(jnp.bfloat16), residuals
 
 
 def _attention_bfloat16_bwd(residuals, d_out):
-  return tuple(grad.astype(jnp.bfloat16) for grad in _attention_bwd(residuals, d_out))
+  *grads, _ = _attention_bwd(residuals, d_out)
+  return (*(grad.astype(jnp.bfloat16) for grad in grads), None)
 
 
 attention_bfloat16.defvjp(_attention_bfloat16_fwd, _attention_bfloat16_bwd)

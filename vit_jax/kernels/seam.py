@@ -3,8 +3,8 @@
 The models of `vit_jax.models` are plain Flax: their Dense layers multiply with XLA,
 attention runs a kernel of `vit_jax.models.attention.KERNELS`, and dropout draws its masks
 with `jax.random.bernoulli`. Importing `vit_jax.kernels` registers one more attention
-kernel, 'blas' (`blas_attention` for unmasked float32 and bfloat16 inputs, else
-'head_major'), and
+kernel, 'blas' (`blas_attention` for float32 and bfloat16 inputs whose mask, if any, is
+the same for every head, else 'head_major'), and
 inside `with use(matmul, dropout):`
 
 - every `nn.Dense` and `nn.DenseGeneral` whose products `matmul` puts on the BLAS
@@ -255,12 +255,15 @@ _DROPOUT_SIGNATURE = inspect.signature(
 
 
 def _blas_attention(query, key, value, mask):
-  """`blas_attention` where it applies (unmasked float32 or bfloat16), else head-major
-  attention."""
-  if mask is None and query.dtype == jnp.float32:
-    return blas_attention.attention(query, key, value)
-  if mask is None and query.dtype == jnp.bfloat16:
-    return blas_attention.attention_bfloat16(query, key, value)
+  """`blas_attention` where it applies (float32 or bfloat16, any mask the same for every
+  head), else head-major attention."""
+  rows = None if mask is None else blas_attention.mask_rows(mask, query.shape, key.shape)
+  if mask is not None and rows is None:
+    return attention.head_major_attention(query, key, value, mask)
+  if query.dtype == jnp.float32:
+    return blas_attention.attention(query, key, value, rows)
+  if query.dtype == jnp.bfloat16:
+    return blas_attention.attention_bfloat16(query, key, value, rows)
   return attention.head_major_attention(query, key, value, mask)
 
 
