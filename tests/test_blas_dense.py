@@ -157,8 +157,8 @@ def test_bfloat16_vit_training_is_what_it_was_without_the_kernel(monkeypatch):
     ((8, 300, 32), (32, 64), (64,)), ((4, 50, 32), (32, 4, 8), (4, 8))])
 def test_a_bfloat16_layers_bias_gradient_is_its_exact_sum_rounded_once(shape, kernel_shape,
                                                                       bias_shape):
-  # XLA:CPU's gradient of a bfloat16 bias (autodiff's bfloat16 sum over the rows) was off by
-  # up to 2.6 times its value on 2,400 rows; the kernels' sums in float32 and rounds once.
+  # XLA:CPU's gradient of a bfloat16 bias (autodiff's bfloat16 sum over the rows) is not the
+  # exact sum rounded on this many rows; the kernels' sums in float32 and rounds once.
   layer = (nn.DenseGeneral(bias_shape, dtype=jnp.bfloat16) if len(bias_shape) > 1
            else nn.Dense(bias_shape[0], dtype=jnp.bfloat16))
   x = jnp.asarray(RNG.standard_normal(shape), jnp.float32)
