@@ -16,7 +16,8 @@ inside `with use(matmul, dropout):`
 - with `dropout='hash'`, every `nn.Dropout` draws its masks from `dropout.bernoulli`
   (a counter hash; the same keep probability, far cheaper than threefry on CPUs);
 - where MKL multiplies bfloat16 with its packed product, every bfloat16 Dense layer with a
-  bias runs in one kernel with its bias (`blas_dense.dense_bfloat16`), a `layers.MlpBlock`
+  bias runs in one kernel with its bias (`blas_dense.dense_bfloat16`; differentiated, Flax's
+  layer with its bias gradient summed in float32), a `layers.MlpBlock`
   without dropout with its activation in the first, and ViT's patch embedding (a convolution
   whose strides equal its kernel) as one such product of the patches
   (`blas_dense.patch_embedding_bfloat16`);
