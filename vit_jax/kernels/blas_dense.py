@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vit_jax.kernels import blas
+from vit_jax.kernels.bias import add_bias
 from vit_jax.models import layers
 
 # The activations the kernel applies, with their codes in `dense.cc` (None: none). 'gelu'
@@ -34,33 +35,13 @@ def _contract(x, kernel, bias):
   return kernel.ndim - bias.ndim
 
 
-@jax.custom_vjp
-def _add_bias(y, bias):
-  """y (..., *F) + bias (*F), bfloat16; the bias gradient is the output gradient summed over
-  the rows in float32 and rounded once. XLA:CPU compiles autodiff's bfloat16 sum as windows
-  of 32x32 rows read down the columns (`reduce-window`), slowly and less accurately."""
-  return y + bias
-
-
-def _add_bias_fwd(y, bias):
-  return y + bias, bias
-
-
-def _add_bias_bwd(bias, d_y):
-  rows = d_y.reshape(-1, bias.size).astype(jnp.float32)  # (tokens, prod F)
-  return d_y, rows.sum(axis=0).reshape(bias.shape).astype(bias.dtype)
-
-
-_add_bias.defvjp(_add_bias_fwd, _add_bias_bwd)
-
-
 def _as_layer(x, kernel, bias, activation):
   """The layer as Flax computes it inside `seam.use`: Dense's product (on the BLAS) and bias
   in bfloat16, then the activation as `layers.MlpBlock` applies it; the bias gradient
-  summed in float32 (`_add_bias`)."""
+  summed in float32 (`bias.add_bias`)."""
   count = _contract(x, kernel, bias)
   dimensions = ((tuple(range(x.ndim - count, x.ndim)), tuple(range(count))), ((), ()))
-  y = _add_bias(blas.dot_general(x, kernel, dimensions), bias)
+  y = add_bias(blas.dot_general(x, kernel, dimensions), bias)
   return y if activation is None else jax.checkpoint(layers.activation_fn(activation))(y)
 
 

@@ -13,6 +13,8 @@ inside `with use(matmul, dropout):`
 - attention 'auto' picks 'blas' on CPUs where the products are on the BLAS (float32 on
   Intel CPUs with MKL, and bfloat16 there with AMX), and for float32 on AMD CPUs with MKL,
   where the products stay on XLA (`blas.attention_on_blas`);
+- every other bfloat16 Dense layer with a bias traced for a CPU adds it through
+  `bias.add_bias` (its gradient summed in float32, where autodiff sums in bfloat16);
 - with `dropout='hash'`, every `nn.Dropout` draws its masks from `dropout.bernoulli`
   (a counter hash; the same keep probability, far cheaper than threefry on CPUs);
 - where MKL multiplies bfloat16 with its packed product, every bfloat16 Dense layer with a
@@ -40,8 +42,9 @@ import jax.numpy as jnp
 
 from vit_jax import errors
 from vit_jax.kernels import blas, blas_attention, blas_conv, blas_dense, dropout as dropout_lib
-from vit_jax.kernels import group_norm
+from vit_jax.kernels import bias as bias_lib, group_norm
 from vit_jax.models import attention, layers
+from vit_jax.models.backend import traced_backend
 
 DROPOUT_MASKS = ('hash', 'jax')
 # The `matmul` option of the innermost `use`; None outside.
@@ -66,6 +69,7 @@ def use(matmul: str = 'auto', dropout: str = 'hash'):
   try:
     with contextlib.ExitStack() as stack:
       stack.enter_context(nn.intercept_methods(_products_on_blas))
+      stack.enter_context(nn.intercept_methods(_bias_gradient_in_float32))
       stack.enter_context(nn.intercept_methods(_mlp_in_dense_kernels))
       stack.enter_context(nn.intercept_methods(_patch_embedding_in_dense_kernel))
       stack.enter_context(nn.intercept_methods(_convolutions_on_blas))
@@ -100,13 +104,31 @@ def _products_on_blas(next_fun, args, kwargs, context):
 
 
 def _call_with(module, field, value, next_fun, args, kwargs):
-  """`next_fun(*args, **kwargs)` with `module.field` (None: Flax's default) set to `value` for
-  this one call (modules are frozen dataclasses)."""
+  """`next_fun(*args, **kwargs)` with `module.field` set to `value` for this one call
+  (modules are frozen dataclasses)."""
+  previous = getattr(module, field)
   object.__setattr__(module, field, value)
   try:
     return next_fun(*args, **kwargs)
   finally:
-    object.__setattr__(module, field, None)
+    object.__setattr__(module, field, previous)
+
+
+def _bias_gradient_in_float32(next_fun, args, kwargs, context):
+  """Flax interceptor: a bfloat16 Dense or DenseGeneral (no batch axes) with a bias, traced
+  for a CPU, adds its bias through `bias.add_bias` (its gradient summed in float32). Entered
+  after `_products_on_blas`: the layers it leaves to Flax come here, on the BLAS or not."""
+  layer = context.module
+  if not (context.method_name == '__call__' and type(layer) in (nn.Dense, nn.DenseGeneral)
+          and len(args) == 1 and not kwargs and layer.use_bias
+          and layer.dtype is not None and jnp.dtype(layer.dtype) == jnp.bfloat16
+          and not getattr(layer, 'batch_dims', ()) and traced_backend() == 'cpu'):
+    return next_fun(*args, **kwargs)
+  params = nn.meta.unbox(layer.variables.get('params', {}))
+  if 'bias' not in params:  # Being initialised.
+    return next_fun(*args, **kwargs)
+  y = _call_with(layer, 'use_bias', False, next_fun, args, kwargs)
+  return bias_lib.add_bias(y, params['bias'].astype(layer.dtype))
 
 
 def _convolutions_on_blas(next_fun, args, kwargs, context):
