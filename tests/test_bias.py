@@ -67,5 +67,5 @@ def test_float32_layers_and_other_backends_keep_flaxs_bias():
   assert bias_summed_in(nn.Dense(5, dtype=jnp.bfloat16)) == {'float32'}
   assert bias_summed_in(nn.Dense(5)) == {'float32'}  # Flax's own, in float32.
   assert bias_summed_in(nn.Dense(5, dtype=jnp.bfloat16, use_bias=False)) == set()
-  with target_backend('gpu'):  # XLA on GPUs sums bfloat16 in float32 itself.
+  with target_backend('gpu'):  # Traced for a GPU: Flax's layer as it is.
     assert bias_summed_in(nn.Dense(5, dtype=jnp.bfloat16)) == {'bfloat16'}
