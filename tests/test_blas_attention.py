@@ -46,9 +46,12 @@ def test_attention_and_its_gradients_match_plain_attention():
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
-def _exact_attention(query, key, value):
+def _exact_attention(query, key, value, mask=None):
+  """Attention in float64; a query whose keys `mask` hides all weighs them all equally."""
   q, k, v = (np.asarray(x, np.float64) for x in (query, key, value))
   logits = np.einsum('btnh,bsnh->bnts', q, k) / np.sqrt(q.shape[-1])
+  if mask is not None:
+    logits = np.where(mask, logits, -1e300)
   weights = np.exp(logits - logits.max(-1, keepdims=True))
   weights /= weights.sum(-1, keepdims=True)
   return np.einsum('bnts,bsnh->btnh', weights, v)
@@ -166,15 +169,6 @@ def test_a_mask_of_the_wrong_shape_is_an_error_not_a_wrong_answer():
           jax.jit(blas_attention.attention)(query, query, query, jnp.ones(shape, bool)))
 
 
-def _exact_masked_attention(query, key, value, mask):
-  q, k, v = (np.asarray(x, np.float64) for x in (query, key, value))
-  logits = np.einsum('btnh,bsnh->bnts', q, k) / np.sqrt(q.shape[-1])
-  logits = np.where(mask, logits, -1e300)  # A query that sees no key: uniform weights.
-  weights = np.exp(logits - logits.max(-1, keepdims=True))
-  weights /= weights.sum(-1, keepdims=True)
-  return np.einsum('bnts,bsnh->btnh', weights, v)
-
-
 @pytest.mark.skipif(not BLAS.bf16_symbol, reason=f'{BLAS.name} has no bfloat16 gemm')
 def test_masked_bfloat16_attention_is_within_bfloat16_rounding_of_the_exact_value():
   query, key, value = (x.astype(jnp.bfloat16) for x in (
@@ -184,7 +178,7 @@ def test_masked_bfloat16_attention_is_within_bfloat16_rounding_of_the_exact_valu
   jaxpr = str(jax.make_jaxpr(blas_attention.attention_bfloat16)(query, key, value, rows))
   assert blas.ATTENTION_INFERENCE_BF16_TARGET in jaxpr
   got = jax.jit(blas_attention.attention_bfloat16)(query, key, value, rows)
-  exact = _exact_masked_attention(query, key, value, mask)
+  exact = _exact_attention(query, key, value, mask)
   np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=2 ** -7,
                              atol=2 ** -8 * np.abs(exact).max())
   # Differentiated: the float32 kernels, masked, the results rounded to bfloat16.
