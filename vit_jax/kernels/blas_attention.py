@@ -26,8 +26,9 @@ def mask_rows(mask: jax.Array, query_shape: tuple, key_shape: tuple) -> jax.Arra
   return mask if mask.shape[0] in (1, batch) else None
 
 
-def _arguments(query, key, value, mask):
-  return (query, key, value) if mask is None else (query, key, value, mask)
+def _with_mask(arguments: tuple, mask) -> tuple:
+  """A kernel's arguments, with the optional mask last where there is one."""
+  return arguments if mask is None else (*arguments, mask)
 
 
 def _forward_only(target: str, dtype, query, key, value, mask) -> jax.Array:
@@ -35,7 +36,7 @@ def _forward_only(target: str, dtype, query, key, value, mask) -> jax.Array:
   blas.load()
   call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(query.shape, dtype),
                           vmap_method='sequential')
-  return call(*_arguments(query, key, value, mask))
+  return call(*_with_mask((query, key, value), mask))
 
 
 @jax.custom_vjp
@@ -59,7 +60,7 @@ def _attention_fwd(query, key, value, mask=None):
   shapes = (jax.ShapeDtypeStruct(query.shape, jnp.float32),
             jax.ShapeDtypeStruct((batch, heads, queries, key.shape[1]), jnp.float32))
   call = jax.ffi.ffi_call(blas.ATTENTION_FORWARD_TARGET, shapes, vmap_method='sequential')
-  out, probs = call(*_arguments(query, key, value, mask))
+  out, probs = call(*_with_mask((query, key, value), mask))
   return out, (query, key, value, mask, probs)
 
 
@@ -67,8 +68,7 @@ def _attention_bwd(residuals, d_out):
   query, key, value, mask, probs = residuals
   shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (query, key, value))
   call = jax.ffi.ffi_call(blas.ATTENTION_BACKWARD_TARGET, shapes, vmap_method='sequential')
-  arguments = (query, key, value, probs, d_out.astype(jnp.float32))
-  grads = call(*arguments, *(() if mask is None else (mask,)))
+  grads = call(*_with_mask((query, key, value, probs, d_out.astype(jnp.float32)), mask))
   return (*grads, None)
 
 

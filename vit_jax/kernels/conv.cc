@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "blas.h"
@@ -193,47 +194,39 @@ void WeightGradient(ffi::ThreadPool& pool, const T* x, const Geometry& g, int64_
   }
 }
 
-ffi::Error ConvWeightGradF32(ffi::ThreadPool pool, ffi::Buffer<ffi::F32, 4> x,
-                             ffi::Buffer<ffi::F32, 4> d_out,
-                             ffi::Result<ffi::Buffer<ffi::F32, 4>> d_w, int64_t stride_h,
-                             int64_t stride_w, int64_t pad_top, int64_t pad_left,
-                             int64_t panel_rows) {
-  Geometry g;
-  const auto wd = d_w->dimensions(), od = d_out.dimensions();
-  if (auto error = ReadGeometry(x.dimensions(), wd, od, stride_h, stride_w, pad_top, pad_left,
-                                panel_rows, sgemm != nullptr, &g);
-      error.failure()) {
-    return error;
-  }
-  const float* grad = d_out.typed_data();
-  const int64_t k = g.Depth(), n = g.features;
-  WeightGradient(pool, x.typed_data(), g, panel_rows,
-                 [&](const float* cols, int64_t first, int64_t rows, float* sum) {
-                   Gemm(true, false, k, n, rows, 1.0f, cols, k, grad + first * n, n, 1.0f,
-                        sum, n);
-                 },
-                 d_w->typed_data());
-  return ffi::Error::Success();
+// sum (K, F) += cols^T (K, rows) @ grad (rows, F), in float32: sgemm for float32 operands,
+// MKL's bfloat16 product for bfloat16 ones (their bits).
+void AddTransposedProduct(int64_t k, int64_t n, int64_t rows, const float* cols,
+                          const float* grad, float* sum) {
+  Gemm(true, false, k, n, rows, 1.0f, cols, k, grad, n, 1.0f, sum, n);
 }
 
-ffi::Error ConvWeightGradBf16(ffi::ThreadPool pool, ffi::Buffer<ffi::BF16, 4> x,
-                              ffi::Buffer<ffi::BF16, 4> d_out,
-                              ffi::Result<ffi::Buffer<ffi::F32, 4>> d_w, int64_t stride_h,
-                              int64_t stride_w, int64_t pad_top, int64_t pad_left,
-                              int64_t panel_rows) {
+void AddTransposedProduct(int64_t k, int64_t n, int64_t rows, const uint16_t* cols,
+                          const uint16_t* grad, float* sum) {
+  gemm_bf16(kRowMajor, kTrans, kNoTrans, k, n, rows, 1.0f, cols, k, grad, n, 1.0f, sum, n);
+}
+
+// The weight gradient of x and d_out of type kType (Element: float, or uint16_t for
+// bfloat16's bits), in float32.
+template <ffi::DataType kType, typename Element>
+ffi::Error ConvWeightGrad(ffi::ThreadPool pool, ffi::Buffer<kType, 4> x,
+                          ffi::Buffer<kType, 4> d_out,
+                          ffi::Result<ffi::Buffer<ffi::F32, 4>> d_w, int64_t stride_h,
+                          int64_t stride_w, int64_t pad_top, int64_t pad_left,
+                          int64_t panel_rows) {
+  constexpr bool kFloat32 = std::is_same_v<Element, float>;
   Geometry g;
-  const auto wd = d_w->dimensions(), od = d_out.dimensions();
-  if (auto error = ReadGeometry(x.dimensions(), wd, od, stride_h, stride_w, pad_top, pad_left,
-                                panel_rows, gemm_bf16 != nullptr, &g);
+  if (auto error = ReadGeometry(x.dimensions(), d_w->dimensions(), d_out.dimensions(),
+                                stride_h, stride_w, pad_top, pad_left, panel_rows,
+                                kFloat32 ? sgemm != nullptr : gemm_bf16 != nullptr, &g);
       error.failure()) {
     return error;
   }
-  const auto* grad = reinterpret_cast<const uint16_t*>(d_out.untyped_data());
+  const auto* grad = reinterpret_cast<const Element*>(d_out.untyped_data());
   const int64_t k = g.Depth(), n = g.features;
-  WeightGradient(pool, reinterpret_cast<const uint16_t*>(x.untyped_data()), g, panel_rows,
-                 [&](const uint16_t* cols, int64_t first, int64_t rows, float* sum) {
-                   gemm_bf16(kRowMajor, kTrans, kNoTrans, k, n, rows, 1.0f, cols, k,
-                             grad + first * n, n, 1.0f, sum, n);
+  WeightGradient(pool, reinterpret_cast<const Element*>(x.untyped_data()), g, panel_rows,
+                 [&](const Element* cols, int64_t first, int64_t rows, float* sum) {
+                   AddTransposedProduct(k, n, rows, cols, grad + first * n, sum);
                  },
                  d_w->typed_data());
   return ffi::Error::Success();
@@ -272,7 +265,9 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxConvBf16, vit_jax::ConvBf16,
       .Attr<int64_t>("pad_left")                      \
       .Attr<int64_t>("panel_rows")
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxConvWeightGradF32, vit_jax::ConvWeightGradF32,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxConvWeightGradF32,
+                              (vit_jax::ConvWeightGrad<ffi::F32, float>),
                               VIT_JAX_CONV_WEIGHT_GRAD_BINDING(ffi::F32));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxConvWeightGradBf16, vit_jax::ConvWeightGradBf16,
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VitJaxConvWeightGradBf16,
+                              (vit_jax::ConvWeightGrad<ffi::BF16, uint16_t>),
                               VIT_JAX_CONV_WEIGHT_GRAD_BINDING(ffi::BF16));
