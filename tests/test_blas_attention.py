@@ -76,30 +76,59 @@ def test_bfloat16_attention_is_within_bfloat16_rounding_of_the_exact_value():
   assert np.isnan(nan_out[1, 2, 0]).all() and np.isnan(nan_out).sum() == nan_out.shape[-1]
 
 
+def _exact_attention_gradients(query, key, value, d_out, mask=None):
+  """The gradients of q, k and v of `_exact_attention` for the cotangent `d_out`, float64;
+  masked scores get none."""
+  q, k, v, g = (np.asarray(x, np.float64) for x in (query, key, value, d_out))
+  scale = 1 / np.sqrt(q.shape[-1])
+  logits = np.einsum('btnh,bsnh->bnts', q, k) * scale
+  if mask is not None:
+    logits = np.where(mask, logits, -1e300)
+  weights = np.exp(logits - logits.max(-1, keepdims=True))
+  weights /= weights.sum(-1, keepdims=True)
+  d_weights = np.einsum('btnh,bsnh->bnts', g, v)
+  d_logits = weights * (d_weights - (weights * d_weights).sum(-1, keepdims=True))
+  if mask is not None:
+    d_logits = np.where(mask, d_logits, 0.0)
+  return (np.einsum('bnts,bsnh->btnh', d_logits, k) * scale,
+          np.einsum('bnts,btnh->bsnh', d_logits, q) * scale,
+          np.einsum('bnts,btnh->bsnh', weights, g))
+
+
+def _assert_trains_within_bfloat16_rounding(query, key, value, mask=None):
+  """Differentiated, `attention_bfloat16` runs the bfloat16 kernels both ways, and its
+  result and gradients are within a few bfloat16 roundings of the exact ones."""
+  rows = None if mask is None else blas_attention.mask_rows(mask, query.shape, key.shape)
+  d_out = _random(*query.shape).astype(jnp.bfloat16)
+
+  def vjp():
+    out, pullback = jax.vjp(lambda *qkv: blas_attention.attention_bfloat16(*qkv, rows),
+                            query, key, value)
+    return (out, *pullback(d_out))
+
+  jaxpr = str(jax.make_jaxpr(vjp)())
+  assert blas.ATTENTION_FORWARD_BF16_TARGET in jaxpr
+  assert blas.ATTENTION_BACKWARD_BF16_TARGET in jaxpr
+  assert blas.ATTENTION_FORWARD_TARGET not in jaxpr
+  got = jax.jit(vjp)()
+  exact = (_exact_attention(query, key, value, mask),
+           *_exact_attention_gradients(query, key, value, d_out, mask))
+  for name, g, w in zip(('out', 'd_query', 'd_key', 'd_value'), got, exact):
+    assert g.dtype == jnp.bfloat16 and g.shape == w.shape, name
+    # The products' operands (the weights, their gradients, d_out) and the results are
+    # each rounded to bfloat16 (8 significant bits), the sums kept in float32.
+    np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=2 ** -6,
+                               atol=2 ** -7 * np.abs(w).max(), err_msg=name)
+
+
 @pytest.mark.skipif(not BLAS.bf16_symbol, reason=f'{BLAS.name} has no bfloat16 gemm')
-def test_bfloat16_attention_trains_as_float32_attention_rounded():
-  # Differentiated, the forward pass and the gradients are the float32 kernels' (as before
-  # the bfloat16 kernel), rounded to bfloat16.
+def test_bfloat16_attention_trains_on_the_bfloat16_kernels_within_rounding_of_exact():
   query, key, value = (x.astype(jnp.bfloat16) for x in (
       _random(2, 5, 3, 8), _random(2, 7, 3, 8), _random(2, 7, 3, 8)))
-  cotangent = _random(2, 5, 3, 8)
-
-  def as_float32(q, k, v):
-    float32 = (x.astype(jnp.float32) for x in (q, k, v))
-    return blas_attention.attention(*float32).astype(jnp.bfloat16)
-
-  def vjp(fn):
-    out, pullback = jax.vjp(fn, query, key, value)
-    return (out, *pullback(cotangent.astype(jnp.bfloat16)))
-
-  got = jax.jit(lambda: vjp(blas_attention.attention_bfloat16))()
-  want = jax.jit(lambda: vjp(as_float32))()
-  for g, w in zip(got, want):
-    assert g.dtype == jnp.bfloat16
-    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
-  jaxpr = str(jax.make_jaxpr(lambda: vjp(blas_attention.attention_bfloat16))())
-  assert blas.ATTENTION_FORWARD_TARGET in jaxpr and blas.ATTENTION_BACKWARD_TARGET in jaxpr
-  assert blas.ATTENTION_INFERENCE_BF16_TARGET not in jaxpr
+  _assert_trains_within_bfloat16_rounding(query, key, value)
+  # ViT-S/16's shape: 197 tokens, 6 heads of 64.
+  query, key, value = (_random(2, 197, 6, 64).astype(jnp.bfloat16) for _ in range(3))
+  _assert_trains_within_bfloat16_rounding(query, key, value)
 
 
 def test_bfloat16_attention_without_mkls_bfloat16_product_attends_in_float32(monkeypatch):
@@ -112,6 +141,25 @@ def test_bfloat16_attention_without_mkls_bfloat16_product_attends_in_float32(mon
   np.testing.assert_array_equal(
       np.asarray(jax.jit(blas_attention.attention_bfloat16)(query, key, value), np.float32),
       np.asarray(blas_attention.attention(*float32).astype(jnp.bfloat16), np.float32))
+  # Differentiated: the float32 kernels both ways, the results rounded to bfloat16.
+  cotangent = _random(2, 5, 3, 8).astype(jnp.bfloat16)
+
+  def as_float32(q, k, v):
+    return blas_attention.attention(*(x.astype(jnp.float32) for x in (q, k, v))).astype(
+        jnp.bfloat16)
+
+  def vjp(fn):
+    out, pullback = jax.vjp(fn, query, key, value)
+    return (out, *pullback(cotangent))
+
+  jaxpr = str(jax.make_jaxpr(lambda: vjp(blas_attention.attention_bfloat16))())
+  assert blas.ATTENTION_FORWARD_TARGET in jaxpr and blas.ATTENTION_BACKWARD_TARGET in jaxpr
+  assert blas.ATTENTION_FORWARD_BF16_TARGET not in jaxpr
+  got = jax.jit(lambda: vjp(blas_attention.attention_bfloat16))()
+  want = jax.jit(lambda: vjp(as_float32))()
+  for g, w in zip(got, want):
+    assert g.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32))
 
 
 def _packed_masks(batch, queries, keys):
@@ -181,17 +229,8 @@ def test_masked_bfloat16_attention_is_within_bfloat16_rounding_of_the_exact_valu
   exact = _exact_attention(query, key, value, mask)
   np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=2 ** -7,
                              atol=2 ** -8 * np.abs(exact).max())
-  # Differentiated: the float32 kernels, masked, the results rounded to bfloat16.
-  float32 = [x.astype(jnp.float32) for x in (query, key, value)]
-  grads = jax.jit(jax.grad(lambda *qkv: jnp.sum(
-      blas_attention.attention_bfloat16(*qkv, rows).astype(jnp.float32)), argnums=(0, 1, 2)))(
-          query, key, value)
-  want = jax.jit(jax.grad(lambda *qkv: jnp.sum(blas_attention.attention(*qkv, rows)),
-                          argnums=(0, 1, 2)))(*float32)
-  for g, w in zip(grads, want):
-    assert g.dtype == jnp.bfloat16
-    np.testing.assert_array_equal(np.asarray(g, np.float32),
-                                  np.asarray(w.astype(jnp.bfloat16), np.float32))
+  # Differentiated: the bfloat16 kernels both ways, masked.
+  _assert_trains_within_bfloat16_rounding(query, key, value, mask)
 
 
 def test_the_attention_module_runs_masked_calls_on_the_blas_unless_heads_differ():

@@ -48,7 +48,8 @@ def _blas_attention_flops(eqn) -> int:
   """`vit_jax.kernels.blas_attention`: q k^T and p v (forward), four products (backward)."""
   batch, queries, heads, head_dim = eqn.invars[0].aval.shape
   keys = eqn.invars[1].aval.shape[1]
-  products = 4 if eqn.params['target_name'] == blas.ATTENTION_BACKWARD_TARGET else 2
+  backward = (blas.ATTENTION_BACKWARD_TARGET, blas.ATTENTION_BACKWARD_BF16_TARGET)
+  products = 4 if eqn.params['target_name'] in backward else 2
   return products * batch * heads * queries * keys * head_dim
 
 

@@ -44,8 +44,9 @@ from jax import lax
 from vit_jax import errors
 
 MATMUL_IMPLEMENTATIONS = ('auto', 'xla', 'blas')
-SOURCES = ('gemm.cc', 'attention.cc', 'dense.cc', 'conv.cc', 'group_norm.cc')
-HEADERS = ('blas.h', 'parallel_for.h', 'vector_math.h')
+SOURCES = ('gemm.cc', 'attention.cc', 'attention_bf16.cc', 'dense.cc', 'conv.cc',
+           'group_norm.cc')
+HEADERS = ('attention.h', 'blas.h', 'parallel_for.h', 'vector_math.h')
 GEMM_TARGET = 'vit_jax_gemm_f32'
 GEMM_BF16_TARGET = 'vit_jax_gemm_bf16'  # bfloat16 operands, float32 result (MKL only).
 # bfloat16 activation(x @ w + bias), bfloat16 result, forward only (MKL's packed product).
@@ -70,10 +71,13 @@ GROUP_NORM_TARGETS = (GROUP_NORM_TARGET, GROUP_NORM_BF16_TARGET, GROUP_NORM_BACK
 ATTENTION_FORWARD_TARGET = 'vit_jax_attention_fwd_f32'  # Also returns the weights.
 ATTENTION_INFERENCE_TARGET = 'vit_jax_attention_f32'  # Forward only: no weights kept.
 ATTENTION_BACKWARD_TARGET = 'vit_jax_attention_bwd_f32'
-# bfloat16 inputs, forward only (MKL only).
+# bfloat16 inputs (MKL only): forward only; forward with float32 weights; backward.
 ATTENTION_INFERENCE_BF16_TARGET = 'vit_jax_attention_bf16'
+ATTENTION_FORWARD_BF16_TARGET = 'vit_jax_attention_fwd_bf16'
+ATTENTION_BACKWARD_BF16_TARGET = 'vit_jax_attention_bwd_bf16'
 ATTENTION_TARGETS = (ATTENTION_FORWARD_TARGET, ATTENTION_INFERENCE_TARGET,
-                     ATTENTION_BACKWARD_TARGET, ATTENTION_INFERENCE_BF16_TARGET)
+                     ATTENTION_BACKWARD_TARGET, ATTENTION_INFERENCE_BF16_TARGET,
+                     ATTENTION_FORWARD_BF16_TARGET, ATTENTION_BACKWARD_BF16_TARGET)
 
 
 class KernelUnavailable(errors.UserError, RuntimeError):
@@ -230,6 +234,8 @@ def _load() -> tuple[Blas | None, str | None]:
         ATTENTION_INFERENCE_TARGET: 'AttentionInferenceF32',
         ATTENTION_BACKWARD_TARGET: 'AttentionBackwardF32',
         ATTENTION_INFERENCE_BF16_TARGET: 'AttentionInferenceBf16',
+        ATTENTION_FORWARD_BF16_TARGET: 'AttentionForwardBf16',
+        ATTENTION_BACKWARD_BF16_TARGET: 'AttentionBackwardBf16',
         CONV_TARGET: 'ConvF32', CONV_BF16_TARGET: 'ConvBf16',
         CONV_WEIGHT_GRAD_TARGET: 'ConvWeightGradF32',
         CONV_WEIGHT_GRAD_BF16_TARGET: 'ConvWeightGradBf16',

@@ -84,12 +84,14 @@ def attention_bfloat16(query: jax.Array, key: jax.Array, value: jax.Array,
                        mask: jax.Array | None = None) -> jax.Array:
   """`attention` of bfloat16 inputs, bfloat16 result.
 
-  Undifferentiated, where MKL multiplies bfloat16 (`blas.has_bfloat16_products`), on its
-  bfloat16 product: the scores accumulated and the softmax computed in float32, the weights
-  rounded to bfloat16 for the second product (as torch's and XLA's bfloat16 attention round
-  them), its float32 sums rounded once. Differentiated, or without that product, `attention`
-  in float32, the result rounded to bfloat16 (XLA:CPU emulates bfloat16 arithmetic, which
-  makes its bfloat16 attention slower than float32 on the BLAS).
+  Where MKL multiplies bfloat16 (`blas.has_bfloat16_products`), on its bfloat16 product:
+  the scores accumulated and the softmax computed in float32, the weights rounded to
+  bfloat16 for the second product (as torch's and XLA's bfloat16 attention round them), its
+  float32 sums rounded once. Differentiated, the forward pass keeps the float32 weights, and
+  the backward pass multiplies bfloat16 operands too (the weights and their gradient rounded
+  to bfloat16, the softmax's gradient in float32), each gradient rounded once. Without that
+  product, `attention` in float32, its results rounded to bfloat16 (XLA:CPU emulates
+  bfloat16 arithmetic, which makes its bfloat16 attention slower than float32 on the BLAS).
   """
   if not blas.has_bfloat16_products():
     return attention(*_as_float32(query, key, value), mask).astype(jnp.bfloat16)
@@ -98,13 +100,27 @@ def attention_bfloat16(query: jax.Array, key: jax.Array, value: jax.Array,
 
 
 def _attention_bfloat16_fwd(query, key, value, mask=None):
-  out, residuals = _attention_fwd(*_as_float32(query, key, value), mask)
-  return out.astype(jnp.bfloat16), residuals
+  if not blas.has_bfloat16_products():
+    out, residuals = _attention_fwd(*_as_float32(query, key, value), mask)
+    return out.astype(jnp.bfloat16), residuals
+  batch, queries, heads, _ = query.shape
+  shapes = (jax.ShapeDtypeStruct(query.shape, jnp.bfloat16),
+            jax.ShapeDtypeStruct((batch, heads, queries, key.shape[1]), jnp.float32))
+  call = jax.ffi.ffi_call(blas.ATTENTION_FORWARD_BF16_TARGET, shapes, vmap_method='sequential')
+  out, probs = call(*_with_mask((query, key, value), mask))
+  return out, (query, key, value, mask, probs)
 
 
 def _attention_bfloat16_bwd(residuals, d_out):
-  *grads, _ = _attention_bwd(residuals, d_out)
-  return (*(grad.astype(jnp.bfloat16) for grad in grads), None)
+  query, key, value, mask, probs = residuals
+  if query.dtype == jnp.float32:  # Without MKL's bfloat16 product: `attention`'s gradient.
+    *grads, _ = _attention_bwd(residuals, d_out)
+    return (*(grad.astype(jnp.bfloat16) for grad in grads), None)
+  shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.bfloat16) for x in (query, key, value))
+  call = jax.ffi.ffi_call(blas.ATTENTION_BACKWARD_BF16_TARGET, shapes,
+                          vmap_method='sequential')
+  return (*call(*_with_mask((query, key, value, probs, d_out.astype(jnp.bfloat16)), mask)),
+          None)
 
 
 attention_bfloat16.defvjp(_attention_bfloat16_fwd, _attention_bfloat16_bwd)
