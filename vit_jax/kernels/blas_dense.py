@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vit_jax.kernels import blas
+from vit_jax.kernels import blas, blas_conv
 from vit_jax.kernels.bias import add_bias
 from vit_jax.models import layers
 
@@ -116,18 +116,20 @@ def patch_embedding_bfloat16(images: jax.Array, kernel: jax.Array, bias: jax.Arr
   (D,) -> (B, H // P, W // Q, D).
 
   Undifferentiated, the patches are cut out and multiplied in `dense.cc` (XLA:CPU computes a
-  bfloat16 convolution in float32); differentiated, the convolution as Flax's `nn.Conv`
-  computes it, with its gradient.
+  bfloat16 convolution in float32); differentiated, the convolution on the BLAS
+  (`blas_conv`) with Flax's bias add, and their gradients.
   """
   return _patch_embedding(*(a.astype(jnp.bfloat16) for a in (images, kernel, bias)))
 
 
 def _as_conv(images, kernel, bias):
-  """`nn.Conv(features, kernel_size=strides=(P, Q), padding='VALID')` of bfloat16 arrays."""
+  """`nn.Conv(features, kernel_size=strides=(P, Q), padding='VALID')` of bfloat16 arrays, as
+  `seam.use` computes it without this kernel: convolved on the BLAS (`blas_conv`, whose
+  kernel gradient is a BLAS product too), the bias added by Flax."""
   numbers = jax.lax.conv_dimension_numbers(images.shape, kernel.shape, ('NHWC', 'HWIO', 'NHWC'))
-  y = jax.lax.conv_general_dilated(images, kernel, kernel.shape[:2], 'VALID',
-                                   lhs_dilation=(1, 1), rhs_dilation=(1, 1),
-                                   dimension_numbers=numbers, feature_group_count=1)
+  y = blas_conv.conv_general_dilated(images, kernel, kernel.shape[:2], 'VALID',
+                                     lhs_dilation=(1, 1), rhs_dilation=(1, 1),
+                                     dimension_numbers=numbers, feature_group_count=1)
   return y + bias.reshape(1, 1, 1, -1)
 
 
