@@ -45,7 +45,7 @@ from vit_jax import errors
 
 MATMUL_IMPLEMENTATIONS = ('auto', 'xla', 'blas')
 SOURCES = ('gemm.cc', 'attention.cc', 'attention_bf16.cc', 'dense.cc', 'conv.cc',
-           'group_norm.cc')
+           'group_norm.cc', 'layer_norm.cc')
 HEADERS = ('attention.h', 'blas.h', 'parallel_for.h', 'vector_math.h')
 GEMM_TARGET = 'vit_jax_gemm_f32'
 GEMM_BF16_TARGET = 'vit_jax_gemm_bf16'  # bfloat16 operands, float32 result (MKL only).
@@ -68,6 +68,11 @@ GROUP_NORM_BACKWARD_TARGET = 'vit_jax_group_norm_bwd_f32'
 GROUP_NORM_BACKWARD_BF16_TARGET = 'vit_jax_group_norm_bwd_bf16'
 GROUP_NORM_TARGETS = (GROUP_NORM_TARGET, GROUP_NORM_BF16_TARGET, GROUP_NORM_BACKWARD_TARGET,
                       GROUP_NORM_BACKWARD_BF16_TARGET)
+# LayerNorm over the last axis: x (R, C), float32 scale and bias (C,) -> (out, mean, rstd).
+LAYER_NORM_TARGET = 'vit_jax_layer_norm_f32'
+LAYER_NORM_BF16_TARGET = 'vit_jax_layer_norm_bf16'
+LAYER_NORM_BACKWARD_TARGET = 'vit_jax_layer_norm_bwd_f32'
+LAYER_NORM_BACKWARD_BF16_TARGET = 'vit_jax_layer_norm_bwd_bf16'
 ATTENTION_FORWARD_TARGET = 'vit_jax_attention_fwd_f32'  # Also returns the weights.
 ATTENTION_INFERENCE_TARGET = 'vit_jax_attention_f32'  # Forward only: no weights kept.
 ATTENTION_BACKWARD_TARGET = 'vit_jax_attention_bwd_f32'
@@ -241,7 +246,10 @@ def _load() -> tuple[Blas | None, str | None]:
         CONV_WEIGHT_GRAD_BF16_TARGET: 'ConvWeightGradBf16',
         GROUP_NORM_TARGET: 'GroupNormF32', GROUP_NORM_BF16_TARGET: 'GroupNormBf16',
         GROUP_NORM_BACKWARD_TARGET: 'GroupNormBackwardF32',
-        GROUP_NORM_BACKWARD_BF16_TARGET: 'GroupNormBackwardBf16'}
+        GROUP_NORM_BACKWARD_BF16_TARGET: 'GroupNormBackwardBf16',
+        LAYER_NORM_TARGET: 'LayerNormF32', LAYER_NORM_BF16_TARGET: 'LayerNormBf16',
+        LAYER_NORM_BACKWARD_TARGET: 'LayerNormBackwardF32',
+        LAYER_NORM_BACKWARD_BF16_TARGET: 'LayerNormBackwardBf16'}
     for target, handler in handlers.items():
       jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(getattr(kernels, f'VitJax{handler}')),
                                   platform='cpu')

@@ -9,7 +9,6 @@
 // worth of rows is multiplied unpacked.
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "blas.h"
@@ -27,13 +26,6 @@ using Bf16Vector = ffi::Buffer<ffi::BF16, 1>;
 
 // The activation attribute's values (vit_jax/kernels/blas_dense.py).
 enum Activation : int32_t { kIdentity = 0, kGeluTanh = 1, kRelu = 2 };
-
-inline float FromBfloat16(uint16_t bits) {
-  const uint32_t widened = static_cast<uint32_t>(bits) << 16;
-  float x;
-  std::memcpy(&x, &widened, sizeof(x));
-  return x;
-}
 
 // out rows = activation(c rows + bias), rounded to bfloat16.
 template <int32_t kActivation>

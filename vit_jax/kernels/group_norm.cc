@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "parallel_for.h"
@@ -26,16 +25,6 @@ namespace {
 
 // Positions of one example that a task reduces or normalises.
 constexpr int64_t kChunk = 256;
-
-inline float Load(const float* x, int64_t i) { return x[i]; }
-inline float Load(const uint16_t* x, int64_t i) {
-  const uint32_t widened = static_cast<uint32_t>(x[i]) << 16;
-  float v;
-  std::memcpy(&v, &widened, sizeof(v));
-  return v;
-}
-inline void Store(float* out, int64_t i, float v) { out[i] = v; }
-inline void Store(uint16_t* out, int64_t i, float v) { out[i] = RoundToBfloat16(v); }
 
 // Sums over [first, last) positions of example b, per channel: of a, and of a * b_values
 // (or of a * a where b_values is null).

@@ -25,7 +25,8 @@ inside `with use(matmul, dropout):`
   (`blas_dense.patch_embedding_bfloat16`);
 - every other `nn.Conv` (the hybrid's ResNet stem) whose dtype multiplies on the BLAS
   convolves through `blas_conv.conv_general_dilated`, and every `nn.GroupNorm` with Flax's
-  defaults there normalises in `group_norm.group_norm` (two passes over memory each way).
+  defaults there normalises in `group_norm.group_norm` (two passes over memory each way),
+  every such `nn.LayerNorm` in `layer_norm.layer_norm` (each row read twice each way).
 
 The choice is made while a function is traced, so a jitted function keeps what it was
 first traced with. The trainer and the benchmark run inside
@@ -42,7 +43,7 @@ import jax.numpy as jnp
 
 from vit_jax import errors
 from vit_jax.kernels import blas, blas_attention, blas_conv, blas_dense, dropout as dropout_lib
-from vit_jax.kernels import bias as bias_lib, group_norm
+from vit_jax.kernels import bias as bias_lib, group_norm, layer_norm
 from vit_jax.models import attention, layers
 from vit_jax.models.backend import traced_backend
 
@@ -74,6 +75,7 @@ def use(matmul: str = 'auto', dropout: str = 'hash'):
       stack.enter_context(nn.intercept_methods(_patch_embedding_in_dense_kernel))
       stack.enter_context(nn.intercept_methods(_convolutions_on_blas))
       stack.enter_context(nn.intercept_methods(_group_norm_in_kernel))
+      stack.enter_context(nn.intercept_methods(_layer_norm_in_kernel))
       stack.enter_context(nn.intercept_methods(_embedding_attend_on_blas))
       if dropout == 'hash':
         stack.enter_context(nn.intercept_methods(_hashed_dropout))
@@ -164,6 +166,29 @@ def _group_norm_in_kernel(next_fun, args, kwargs, context):
   if 'scale' not in params or 'bias' not in params:  # Being initialised.
     return next_fun(*args, **kwargs)
   return group_norm.group_norm(x, params['scale'], params['bias'], groups, norm.epsilon)
+
+
+def _layer_norm_in_kernel(next_fun, args, kwargs, context):
+  """Flax interceptor: an `nn.LayerNorm` with Flax's defaults (over the last axis, a scale
+  and a bias, float32 statistics, the fast variance), its dtype its input's, its params bound
+  and that dtype's products on the BLAS, runs `layer_norm.layer_norm` with them (and its
+  gradient)."""
+  norm = context.module
+  if not (context.method_name == '__call__' and type(norm) is nn.LayerNorm and len(args) == 1
+          and jnp.ndim(args[0]) >= 2 and kwargs.get('mask') is None and set(kwargs) <= {'mask'}):
+    return next_fun(*args, **kwargs)
+  x = args[0]
+  if not (norm.dtype is not None and jnp.dtype(norm.dtype) == x.dtype
+          and x.dtype in (jnp.float32, jnp.bfloat16) and norm.use_bias and norm.use_scale
+          and norm.reduction_axes in (-1, (-1,), x.ndim - 1, (x.ndim - 1,))
+          and norm.feature_axes in (-1, (-1,), x.ndim - 1, (x.ndim - 1,))
+          and norm.axis_name is None and norm.use_fast_variance
+          and norm.force_float32_reductions and products_on_blas(x.dtype)):
+    return next_fun(*args, **kwargs)
+  params = nn.meta.unbox(norm.variables.get('params', {}))
+  if 'scale' not in params or 'bias' not in params:  # Being initialised.
+    return next_fun(*args, **kwargs)
+  return layer_norm.layer_norm(x, params['scale'], params['bias'], norm.epsilon)
 
 
 def _embedding_attend_on_blas(next_fun, args, kwargs, context):

@@ -1,5 +1,5 @@
 // Elementwise float math that GCC vectorises (check with -fopt-info-vec): exp,
-// the tanh-form GELU, and rounding to bfloat16.
+// the tanh-form GELU, and conversions to and from bfloat16.
 #ifndef VIT_JAX_KERNELS_VECTOR_MATH_H_
 #define VIT_JAX_KERNELS_VECTOR_MATH_H_
 
@@ -41,6 +41,14 @@ inline float GeluTanh(float x) {
   return x * (u >= 0.0f ? 1.0f : t) / (1.0f + t);
 }
 
+// The float32 value of bfloat16 bits.
+inline float FromBfloat16(uint16_t bits) {
+  const uint32_t widened = static_cast<uint32_t>(bits) << 16;
+  float x;
+  std::memcpy(&x, &widened, sizeof(x));
+  return x;
+}
+
 // The bfloat16 nearest to x (its bits), ties to even; NaN stays NaN.
 inline uint16_t RoundToBfloat16(float x) {
   uint32_t bits;
@@ -49,6 +57,13 @@ inline uint16_t RoundToBfloat16(float x) {
   const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
   return static_cast<uint16_t>(nan ? (bits >> 16) | 0x40u : rounded);
 }
+
+// Element i of a float32 or bfloat16 (its bits) array as float32, and stored
+// from float32 (bfloat16: rounded).
+inline float Load(const float* x, int64_t i) { return x[i]; }
+inline float Load(const uint16_t* x, int64_t i) { return FromBfloat16(x[i]); }
+inline void Store(float* out, int64_t i, float v) { out[i] = v; }
+inline void Store(uint16_t* out, int64_t i, float v) { out[i] = RoundToBfloat16(v); }
 
 }  // namespace vit_jax
 
