@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import norm_helpers
 from vit_jax import kernels, models
 from vit_jax.kernels import blas, group_norm
 
@@ -26,18 +27,11 @@ def _the_same_inputs_whatever_ran_before():
   RNG.bit_generator.state = np.random.default_rng(0).bit_generator.state
 
 
-def _layer_and_variables(norm, x):
-  variables = norm.init(jax.random.key(0), x)
-  # Scales and biases away from their initial 1 and 0, so that both are checked.
-  return jax.tree.map(lambda a: a + jnp.asarray(RNG.standard_normal(a.shape) * 0.3, a.dtype),
-                      variables)
+def _variables(norm, x):
+  return norm_helpers.perturbed_variables(norm, x, RNG)
 
 
-def _apply(norm, variables, x, matmul):
-  def run(v, a):
-    with kernels.use(matmul):
-      return norm.apply(v, a)
-  return jax.jit(run)(variables, x), str(jax.make_jaxpr(run)(variables, x))
+_apply = norm_helpers.apply_in
 
 
 # Positions around the kernel's chunks of 256 (one, two with a remainder), ResNet's 32
@@ -50,7 +44,7 @@ def _apply(norm, variables, x, matmul):
 def test_inference_gives_flaxs_values(dtype, shape, groups, offset):
   x = jnp.asarray(RNG.standard_normal(shape) * 2 + offset, dtype)
   norm = nn.GroupNorm(num_groups=groups, dtype=dtype)
-  variables = _layer_and_variables(norm, x)
+  variables = _variables(norm, x)
   got, jaxpr = _apply(norm, variables, x, 'blas')
   want, plain = _apply(norm, variables, x, 'xla')
   assert sum(jaxpr.count(t) for t in TARGETS) == 1
@@ -66,7 +60,7 @@ def test_inference_gives_flaxs_values(dtype, shape, groups, offset):
 def test_group_size_counts_as_its_groups():
   x = jnp.asarray(RNG.standard_normal((2, 6, 6, 12)), jnp.float32)
   norm = nn.GroupNorm(num_groups=None, group_size=4, dtype=jnp.float32)
-  variables = _layer_and_variables(norm, x)
+  variables = _variables(norm, x)
   got, jaxpr = _apply(norm, variables, x, 'blas')
   assert jaxpr.count(blas.GROUP_NORM_TARGET) == 1
   np.testing.assert_allclose(got, norm.apply(variables, x), rtol=1e-5, atol=2e-5)
@@ -79,7 +73,7 @@ def test_group_size_counts_as_its_groups():
 def test_other_options_stay_with_flax(options):
   x = jnp.asarray(RNG.standard_normal((2, 4, 4, 8)), jnp.float32)
   norm = nn.GroupNorm(num_groups=4, **({'dtype': jnp.float32} | options))
-  variables = _layer_and_variables(norm, x)
+  variables = _variables(norm, x)
   got, jaxpr = _apply(norm, variables, x, 'blas')
   assert not any(t in jaxpr for t in TARGETS)
   np.testing.assert_array_equal(got, jax.jit(norm.apply)(variables, x))
@@ -89,7 +83,7 @@ def test_a_mask_stays_with_flax():
   x = jnp.asarray(RNG.standard_normal((2, 4, 8)), jnp.float32)
   mask = jnp.asarray(RNG.random((2, 4, 8)) > 0.3)
   norm = nn.GroupNorm(num_groups=4, dtype=jnp.float32)
-  variables = _layer_and_variables(norm, x)
+  variables = _variables(norm, x)
   with kernels.use('blas'):
     jaxpr = str(jax.make_jaxpr(lambda: norm.apply(variables, x, mask=mask))())
   assert not any(t in jaxpr for t in TARGETS)
@@ -103,7 +97,7 @@ def test_gradients_are_flaxs(dtype, shape, groups, offset):
   x = jnp.asarray(RNG.standard_normal(shape) * 2 + offset, dtype)
   cotangent = jnp.asarray(RNG.standard_normal(x.shape), jnp.float32)
   norm = nn.GroupNorm(num_groups=groups, dtype=dtype)
-  variables = _layer_and_variables(norm, x)
+  variables = _variables(norm, x)
 
   def grads(matmul):
     def loss(v, a):

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import norm_helpers
 from vit_jax import kernels, models
 from vit_jax.kernels import blas, layer_norm
 
@@ -28,17 +29,10 @@ def _the_same_inputs_whatever_ran_before():
 
 
 def _variables(norm, x):
-  variables = norm.init(jax.random.key(0), x)
-  # Scales and biases away from their initial 1 and 0, so that both are checked.
-  return jax.tree.map(lambda a: a + jnp.asarray(RNG.standard_normal(a.shape) * 0.3, a.dtype),
-                      variables)
+  return norm_helpers.perturbed_variables(norm, x, RNG)
 
 
-def _apply(norm, variables, x, matmul):
-  def run(v, a):
-    with kernels.use(matmul):
-      return norm.apply(v, a)
-  return jax.jit(run)(variables, x), str(jax.make_jaxpr(run)(variables, x))
+_apply = norm_helpers.apply_in
 
 
 # Rows around the kernel's blocks of 16 (fewer, several with a remainder), widths that are
