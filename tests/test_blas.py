@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from vit_jax import kernels, models
-from vit_jax.kernels import blas
+from vit_jax.kernels import blas, build
 from vit_jax.flops import count_flops
 
 try:
@@ -403,7 +403,7 @@ def test_a_failed_build_is_reported(tmp_path, monkeypatch):
   source = tmp_path / 'kernel.cc'
   source.write_text('int f() { return 0; }\n')
   with pytest.raises(blas.KernelUnavailable, match=r'Building the BLAS kernels failed \(false\)'):
-    blas._build([str(source)])
+    build.build([str(source)])
   assert not list((tmp_path / 'kernels').iterdir())  # No half-written library left.
 
 

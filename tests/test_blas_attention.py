@@ -46,15 +46,21 @@ def test_attention_and_its_gradients_match_plain_attention():
     np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
 
 
-def _exact_attention(query, key, value, mask=None):
-  """Attention in float64; a query whose keys `mask` hides all weighs them all equally."""
-  q, k, v = (np.asarray(x, np.float64) for x in (query, key, value))
+def _exact_weights(query, key, mask=None):
+  """The attention weights (B, N, T, S) in float64; a query whose keys `mask` hides all
+  weighs them all equally."""
+  q, k = (np.asarray(x, np.float64) for x in (query, key))
   logits = np.einsum('btnh,bsnh->bnts', q, k) / np.sqrt(q.shape[-1])
   if mask is not None:
     logits = np.where(mask, logits, -1e300)
   weights = np.exp(logits - logits.max(-1, keepdims=True))
-  weights /= weights.sum(-1, keepdims=True)
-  return np.einsum('bnts,bsnh->btnh', weights, v)
+  return weights / weights.sum(-1, keepdims=True)
+
+
+def _exact_attention(query, key, value, mask=None):
+  """Attention in float64."""
+  return np.einsum('bnts,bsnh->btnh', _exact_weights(query, key, mask),
+                   np.asarray(value, np.float64))
 
 
 @pytest.mark.skipif(not BLAS.bf16_symbol, reason=f'{BLAS.name} has no bfloat16 gemm')
@@ -81,11 +87,7 @@ def _exact_attention_gradients(query, key, value, d_out, mask=None):
   masked scores get none."""
   q, k, v, g = (np.asarray(x, np.float64) for x in (query, key, value, d_out))
   scale = 1 / np.sqrt(q.shape[-1])
-  logits = np.einsum('btnh,bsnh->bnts', q, k) * scale
-  if mask is not None:
-    logits = np.where(mask, logits, -1e300)
-  weights = np.exp(logits - logits.max(-1, keepdims=True))
-  weights /= weights.sum(-1, keepdims=True)
+  weights = _exact_weights(query, key, mask)
   d_weights = np.einsum('btnh,bsnh->bnts', g, v)
   d_logits = weights * (d_weights - (weights * d_weights).sum(-1, keepdims=True))
   if mask is not None:

@@ -5,7 +5,7 @@ Intel CPUs MKL is faster on the shapes of ViT layers, and it reads transposed
 or strided operands in place, where XLA copies them (before the weight-gradient
 products, and into head-major order for attention). This module compiles
 the kernels of `SOURCES` with the system C++ compiler (once per machine and jaxlib
-version, into a cache directory), registers them as XLA FFI targets and builds on them:
+version, into a cache directory: `build`), registers them as XLA FFI targets and builds on them:
 
 - `matmul(a, b)`: a 2-D product with its own gradient (no transposed copies);
 - `dot_general`: a drop-in for `lax.dot_general` that Flax `Dense` and
@@ -26,15 +26,10 @@ import ctypes
 import ctypes.util
 import functools
 import glob
-import hashlib
 import math
 import os
-import platform
-import shutil
-import subprocess
 import sys
-import tempfile
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -42,6 +37,8 @@ import numpy as np
 from jax import lax
 
 from vit_jax import errors
+from vit_jax.kernels import build
+from vit_jax.kernels.build import KernelUnavailable
 
 MATMUL_IMPLEMENTATIONS = ('auto', 'xla', 'blas')
 SOURCES = ('gemm.cc', 'attention.cc', 'attention_bf16.cc', 'dense.cc', 'conv.cc',
@@ -83,10 +80,6 @@ ATTENTION_BACKWARD_BF16_TARGET = 'vit_jax_attention_bwd_bf16'
 ATTENTION_TARGETS = (ATTENTION_FORWARD_TARGET, ATTENTION_INFERENCE_TARGET,
                      ATTENTION_BACKWARD_TARGET, ATTENTION_INFERENCE_BF16_TARGET,
                      ATTENTION_FORWARD_BF16_TARGET, ATTENTION_BACKWARD_BF16_TARGET)
-
-
-class KernelUnavailable(errors.UserError, RuntimeError):
-  """The BLAS kernels cannot be used here; the message says why and what to do."""
 
 
 class Blas(NamedTuple):
@@ -164,69 +157,12 @@ def _mkl_found() -> bool:
 
 
 @functools.cache
-def _cpuinfo() -> dict[str, str]:
-  """The first processor's fields in /proc/cpuinfo ('vendor_id', 'model name', 'flags', ...);
-  empty where it cannot be read."""
-  fields = {}
-  try:
-    with open('/proc/cpuinfo') as f:
-      for line in f:
-        if not line.strip():  # The first processor ends here.
-          break
-        name, _, value = line.partition(':')
-        fields[name.strip()] = value.strip()
-  except OSError:
-    pass
-  return fields
-
-
-def _cpu_signature() -> str:
-  """What -march=native depends on: the CPU model and its flags."""
-  return platform.machine() + _cpuinfo().get('model name', '') + _cpuinfo().get('flags', '')
-
-
-def _build(sources: list[str], headers: Sequence[str] = ()) -> str:
-  """Compiles `sources` into a shared library in the cache; returns its path."""
-  compiler = os.environ.get('CXX') or shutil.which('c++') or shutil.which('g++')
-  if compiler is None:
-    raise KernelUnavailable(
-        'No C++ compiler found to build the BLAS kernels (looked for $CXX, c++, g++). '
-        "Install one (e.g. `apt install g++`) or use matmul='xla' (--config.matmul=xla).")
-  flags = ['-O3', '-march=native', '-std=c++17', '-shared', '-fPIC', '-w',
-           '-I', jax.ffi.include_dir()]
-  digest = hashlib.sha256()
-  files = [*sources, *headers]
-  for part in (*(open(f, 'rb').read() for f in files), ' '.join(flags).encode(),
-               jax.__version__.encode(), _cpu_signature().encode()):
-    digest.update(part)
-  cache = os.environ.get('VIT_JAX_CACHE', os.path.expanduser('~/.cache/vit_jax'))
-  target = os.path.join(cache, 'kernels', f'vit_jax_cpu_{digest.hexdigest()[:16]}.so')
-  if os.path.exists(target):
-    return target
-  os.makedirs(os.path.dirname(target), exist_ok=True)
-  # Build beside the target and rename: concurrent processes never see half a file.
-  fd, partial = tempfile.mkstemp(suffix='.so', dir=os.path.dirname(target))
-  os.close(fd)
-  try:
-    result = subprocess.run([compiler, *flags, *sources, '-o', partial],
-                            capture_output=True, text=True)
-    if result.returncode:
-      raise KernelUnavailable(f'Building the BLAS kernels failed ({compiler}):\n'
-                              f'{result.stderr[-3000:]}')
-    os.replace(partial, target)
-  finally:
-    if os.path.exists(partial):
-      os.remove(partial)
-  return target
-
-
-@functools.cache
 def _load() -> tuple[Blas | None, str | None]:
   """Builds, loads and registers the kernels once; (blas, None) or (None, why not)."""
   try:
     blas, blas_library = _find_blas()
     here = os.path.dirname(os.path.abspath(__file__))
-    kernels = ctypes.CDLL(_build([os.path.join(here, s) for s in SOURCES],
+    kernels = ctypes.CDLL(build.build([os.path.join(here, s) for s in SOURCES],
                                  [os.path.join(here, h) for h in HEADERS]))
     pointer = lambda symbol: ctypes.cast(  # noqa: E731
         getattr(blas_library, symbol) if symbol else None, ctypes.c_void_p)
@@ -283,12 +219,12 @@ def load() -> Blas:
 
 def _cpu_vendor() -> str:
   """The CPU's vendor_id ('GenuineIntel', 'AuthenticAMD'), or '' where it cannot be read."""
-  return _cpuinfo().get('vendor_id', '')
+  return build.cpuinfo().get('vendor_id', '')
 
 
 def _cpu_has_amx() -> bool:
   """Whether the CPU multiplies bfloat16 matrices on AMX tiles (its flags say amx_bf16)."""
-  return 'amx_bf16' in _cpuinfo().get('flags', '').split()
+  return 'amx_bf16' in build.cpuinfo().get('flags', '').split()
 
 
 def _auto_runs_mkl(dtype, vendor: str) -> bool:
