@@ -54,22 +54,34 @@ def attention(query: jax.Array, key: jax.Array, value: jax.Array,
   return _forward_only(blas.ATTENTION_INFERENCE_TARGET, jnp.float32, query, key, value, mask)
 
 
-def _attention_fwd(query, key, value, mask=None):
+def _forward_keeping_weights(target: str, query, key, value, mask):
+  """The training forward kernel `target`: its result in the inputs' dtype, and the residuals
+  (the inputs, the mask, the float32 weights (B, N, T, S)) for `_backward`."""
   batch, queries, heads, _ = query.shape
   blas.load()
-  shapes = (jax.ShapeDtypeStruct(query.shape, jnp.float32),
+  shapes = (jax.ShapeDtypeStruct(query.shape, query.dtype),
             jax.ShapeDtypeStruct((batch, heads, queries, key.shape[1]), jnp.float32))
-  call = jax.ffi.ffi_call(blas.ATTENTION_FORWARD_TARGET, shapes, vmap_method='sequential')
+  call = jax.ffi.ffi_call(target, shapes, vmap_method='sequential')
   out, probs = call(*_with_mask((query, key, value), mask))
   return out, (query, key, value, mask, probs)
 
 
-def _attention_bwd(residuals, d_out):
+def _backward(target: str, residuals, d_out) -> tuple:
+  """The backward kernel `target`: the gradients of q, k and v in their dtype (none for the
+  mask)."""
   query, key, value, mask, probs = residuals
-  shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.float32) for x in (query, key, value))
-  call = jax.ffi.ffi_call(blas.ATTENTION_BACKWARD_TARGET, shapes, vmap_method='sequential')
-  grads = call(*_with_mask((query, key, value, probs, d_out.astype(jnp.float32)), mask))
-  return (*grads, None)
+  shapes = tuple(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (query, key, value))
+  call = jax.ffi.ffi_call(target, shapes, vmap_method='sequential')
+  return (*call(*_with_mask((query, key, value, probs, d_out.astype(query.dtype)), mask)),
+          None)
+
+
+def _attention_fwd(query, key, value, mask=None):
+  return _forward_keeping_weights(blas.ATTENTION_FORWARD_TARGET, query, key, value, mask)
+
+
+def _attention_bwd(residuals, d_out):
+  return _backward(blas.ATTENTION_BACKWARD_TARGET, residuals, d_out)
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)
@@ -103,24 +115,14 @@ def _attention_bfloat16_fwd(query, key, value, mask=None):
   if not blas.has_bfloat16_products():
     out, residuals = _attention_fwd(*_as_float32(query, key, value), mask)
     return out.astype(jnp.bfloat16), residuals
-  batch, queries, heads, _ = query.shape
-  shapes = (jax.ShapeDtypeStruct(query.shape, jnp.bfloat16),
-            jax.ShapeDtypeStruct((batch, heads, queries, key.shape[1]), jnp.float32))
-  call = jax.ffi.ffi_call(blas.ATTENTION_FORWARD_BF16_TARGET, shapes, vmap_method='sequential')
-  out, probs = call(*_with_mask((query, key, value), mask))
-  return out, (query, key, value, mask, probs)
+  return _forward_keeping_weights(blas.ATTENTION_FORWARD_BF16_TARGET, query, key, value, mask)
 
 
 def _attention_bfloat16_bwd(residuals, d_out):
-  query, key, value, mask, probs = residuals
-  if query.dtype == jnp.float32:  # Without MKL's bfloat16 product: `attention`'s gradient.
+  if residuals[0].dtype == jnp.float32:  # Without MKL's bfloat16 product: `attention`'s.
     *grads, _ = _attention_bwd(residuals, d_out)
     return (*(grad.astype(jnp.bfloat16) for grad in grads), None)
-  shapes = tuple(jax.ShapeDtypeStruct(x.shape, jnp.bfloat16) for x in (query, key, value))
-  call = jax.ffi.ffi_call(blas.ATTENTION_BACKWARD_BF16_TARGET, shapes,
-                          vmap_method='sequential')
-  return (*call(*_with_mask((query, key, value, probs, d_out.astype(jnp.bfloat16)), mask)),
-          None)
+  return _backward(blas.ATTENTION_BACKWARD_BF16_TARGET, residuals, d_out)
 
 
 attention_bfloat16.defvjp(_attention_bfloat16_fwd, _attention_bfloat16_bwd)
