@@ -297,3 +297,54 @@ def test_no_recompiles_inside_the_training_loop(tmp_path, caplog):
               if r.getMessage().startswith('Finished XLA compilation of')]
   for name in ('train_step', 'eval_sums'):  # 12 steps and 3 evaluations: one compilation each.
     assert sum(f'jit({name})' in m for m in compiled) == 1, (name, compiled)
+
+
+
+def test_the_loop_queues_at_most_steps_in_flight(tmp_path, monkeypatch):
+  # Each step also multiplies 512x512 matrices for a tenth of a second or so, so a loop that
+  # does not wait queues them all. When a step is queued, steps_in_flight - 1 at most are still
+  # unfinished, by default (0, on CPUs 1) and as set (2); with no limit more are: the test sees
+  # the queue it bounds.
+  make_train_step = loop.make_train_step
+  slow_steps = []
+
+  def slow_train_step(*args, **kwargs):
+    train_step = make_train_step(*args, **kwargs)
+
+    def slowly(state, batch, frozen):
+      state, metrics = train_step(state, batch, frozen)
+      work = jax.lax.fori_loop(0, 40, lambda _, x: jnp.tanh(x @ x), jnp.full((512, 512), 0.01))
+      return state, {**metrics, 'loss': metrics['loss'] + 0 * work[0, 0]}
+    slow_steps.append(slowly)
+    return slowly
+
+  unfinished_at_queue = []  # Steps queued before each step and not finished then.
+  outputs = []
+  jit = jax.jit
+
+  def counting_jit(fun, **kwargs):
+    jitted = jit(fun, **kwargs)
+    if fun not in slow_steps:
+      return jitted
+
+    def queue(*args):
+      unfinished_at_queue.append(sum(not out.is_ready() for out in outputs))
+      state, metrics = jitted(*args)
+      outputs.append(metrics['loss'])
+      return state, metrics
+    return queue
+
+  monkeypatch.setattr(loop, 'make_train_step', slow_train_step)
+  monkeypatch.setattr(jax, 'jit', counting_jit)
+
+  def most_queued(steps_in_flight):
+    unfinished_at_queue.clear()
+    outputs.clear()
+    main.run(tiny_config(total_steps=8, log_every=8, eval_every=0, checkpoint_every=0,
+                         steps_in_flight=steps_in_flight), str(tmp_path / str(steps_in_flight)))
+    assert len(unfinished_at_queue) == 8
+    return max(unfinished_at_queue)
+
+  assert most_queued(0) == 0  # 0 on CPUs: each step waits for the one before.
+  assert most_queued(2) == 1
+  assert most_queued(100) > 1  # No limit: the loop runs ahead of the device.

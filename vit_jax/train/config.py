@@ -119,6 +119,9 @@ def _common_config(task: str, model: str) -> ml_collections.ConfigDict:
   # glibc keeps freed memory in one arena for reuse, so XLA's per-step temporary buffers
   # stop page-faulting; the process does not give that memory back to the system.
   config.tune_malloc = True
+  # Train steps queued on the devices at once: 0 is 1 on CPUs (where each queued step holds
+  # its own temporary buffers) and no limit on accelerators; N waits for the step N back.
+  config.steps_in_flight = 0
   # Where compiled programs are kept for later starts (evaluate, resume, ...): a directory,
   # 'off', or 'auto': $JAX_COMPILATION_CACHE_DIR, else on accelerators ~/.cache/vit_jax/xla
   # ($XDG_CACHE_HOME's), on CPUs none (see vit_jax.runtime.compilation_cache_dir).
@@ -203,6 +206,7 @@ def translation_config(model: str = 'Transformer-base') -> ml_collections.Config
 MINIMUMS = {
     'batch_size': 1, 'eval_batch_size': 1, 'total_steps': 0, 'accum_steps': 1, 'log_every': 1,
     'eval_every': 0, 'checkpoint_every': 0, 'keep_checkpoints': 1, 'fsdp_min_size': 0,
+    'steps_in_flight': 0,
     'beam_size': 1, 'max_decode_length': 0, 'decode_batch_size': 1, 'num_eval_decode': 0,
     'visualize.num_examples': 1, 'predict.top_k': 1, 'predict.batch_size': 1,
     'seed': 0, 'optimizer.warmup_steps': 0, 'model.hidden_size': 1, 'model.embed_dim': 1,

@@ -289,12 +289,15 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
                  stop: preemption.StopRequests) -> dict:
   """Steps start_step + 1 .. total_steps, with logging, evaluation and checkpoints."""
   pending: list[tuple[int, dict]] = []
+  in_flight = _steps_in_flight(config)
   last_eval = {}
   for step in range(start_step + 1, config.total_steps + 1):
     wait_start = time.perf_counter()
     batch = next(batches)
     call_start = time.perf_counter()
     timer.add_data_wait(call_start - wait_start)
+    if in_flight and len(pending) >= in_flight:  # The step in_flight back has finished.
+      jax.block_until_ready(pending[-in_flight][1])
     state, step_metrics = train_step(state, batch, frozen)
     if step == start_step + 1:  # The call returns once traced, compiled and dispatched.
       compile_seconds = time.perf_counter() - call_start
@@ -338,6 +341,18 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
           f'of step {step} is in {checkpointer.directory}. Run the same command to resume.',
           stop.signum)
   return last_eval
+
+
+def _steps_in_flight(config) -> int | None:
+  """How many train steps may be queued at once (None: no limit).
+
+  On CPUs a step's temporary buffers are allocated when it is queued, so each step queued
+  behind the running one adds that much memory; on accelerators queued steps reuse the same
+  memory in stream order, and keeping the queue full hides the host's time.
+  """
+  if config.steps_in_flight:
+    return config.steps_in_flight
+  return 1 if jax.devices()[0].platform == 'cpu' else None
 
 
 def _finished(config, workdir: str, task: Task, step: int, mesh, state) -> dict:
