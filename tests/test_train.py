@@ -299,7 +299,6 @@ def test_no_recompiles_inside_the_training_loop(tmp_path, caplog):
     assert sum(f'jit({name})' in m for m in compiled) == 1, (name, compiled)
 
 
-
 def test_the_loop_queues_at_most_steps_in_flight(tmp_path, monkeypatch):
   # Each step also multiplies 512x512 matrices for a tenth of a second or so, so a loop that
   # does not wait queues them all. When a step is queued, steps_in_flight - 1 at most are still
