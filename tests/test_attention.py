@@ -195,7 +195,8 @@ def test_encoder_pads_once_for_a_kernel_that_wants_even_lengths(monkeypatch, ker
       lambda p: loss(plain, p), has_aux=True))(params)
   assert set(seen) == expected
   np.testing.assert_allclose(padded_logits, plain_logits, atol=1e-5, rtol=0)
-  np.testing.assert_allclose(padded_loss, plain_loss, rtol=1e-6)
+  # The loss (a mean of log-softmaxes) moves at most twice the logits' largest difference.
+  np.testing.assert_allclose(padded_loss, plain_loss, atol=2e-5, rtol=0)
   # Padding changes the matrices' shapes, so the kernels sum in another order, which differs
   # with the CPU's vector width: the gradient as a whole differs in its last float32 bits (about
   # 1e-6 of its norm; single elements by more, the key biases' analytically zero gradients are

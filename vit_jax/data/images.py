@@ -285,7 +285,7 @@ _CPP_LOG_LINE = re.compile(r'[EW]\d{4} \S+\s+\d+ ([\w.]+):\d+\] (.*)')
 def _decoded(path: str, contents, channels: int):
   """tf.io.decode_image of a file's contents. When it fails, what TensorFlow's C++ logging said
   (e.g. 'Premature end of JPEG data. Stopped at line 14/64') goes into the one-line error
-  instead of onto the screen; its other lines pass on."""
+  instead of onto the screen; its other lines pass on, but absl's preamble."""
   from vit_jax.data import tf_cpu  # pylint: disable=g-import-not-at-top
   logged = []
   try:
@@ -298,7 +298,7 @@ def _decoded(path: str, contents, channels: int):
     reason = re.sub(r'\{\{.*?\}\}|\[Op:.*', '', e.message).strip()
     raise _unreadable(path, '; '.join([*details, reason])) from None
   finally:
-    sys.stderr.write(''.join(logged))
+    sys.stderr.write(''.join(line for line in logged if not tf_cpu.ABSL_PREAMBLE.match(line)))
 
 
 def load_files(paths: list[str], config=None) -> np.ndarray:

@@ -16,9 +16,12 @@ from typing import Iterator
 
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
 
+# absl's note before the first C++ log line of a process: on Intel CPUs at TensorFlow's import,
+# elsewhere at its first warning (e.g. of a cut JPEG). It says nothing of the data.
+ABSL_PREAMBLE = re.compile(r'WARNING: All log messages before absl::InitializeLog\(\)')
 # What TensorFlow's C++ libraries log while they load, before its logging reads
 # TF_CPP_MIN_LOG_LEVEL: on Intel CPUs "oneDNN custom operations are on...", twice, at every start.
-_EARLY_INFO = re.compile(r'I\d{4} |WARNING: All log messages before absl::InitializeLog\(\)')
+_EARLY_INFO = re.compile(rf'I\d{{4}} |{ABSL_PREAMBLE.pattern}')
 
 
 @contextlib.contextmanager
