@@ -289,7 +289,10 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
                  stop: preemption.StopRequests) -> dict:
   """Steps start_step + 1 .. total_steps, with logging, evaluation and checkpoints."""
   pending: list[tuple[int, dict]] = []
-  in_flight = _steps_in_flight(config)
+  # At most this many steps queued (None: no limit). XLA:CPU allocates a step's temporary
+  # buffers when the step is queued, so each queued step adds its own; accelerators reuse
+  # memory in stream order, and a full queue hides the host's time.
+  in_flight = config.steps_in_flight or (1 if jax.default_backend() == 'cpu' else None)
   last_eval = {}
   for step in range(start_step + 1, config.total_steps + 1):
     wait_start = time.perf_counter()
@@ -341,18 +344,6 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
           f'of step {step} is in {checkpointer.directory}. Run the same command to resume.',
           stop.signum)
   return last_eval
-
-
-def _steps_in_flight(config) -> int | None:
-  """How many train steps may be queued at once (None: no limit).
-
-  On CPUs a step's temporary buffers are allocated when it is queued, so each step queued
-  behind the running one adds that much memory; on accelerators queued steps reuse the same
-  memory in stream order, and keeping the queue full hides the host's time.
-  """
-  if config.steps_in_flight:
-    return config.steps_in_flight
-  return 1 if jax.devices()[0].platform == 'cpu' else None
 
 
 def _finished(config, workdir: str, task: Task, step: int, mesh, state) -> dict:
