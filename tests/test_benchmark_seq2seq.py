@@ -1,9 +1,11 @@
 """Seq2seq training and decoding through the command line (figures present, no timings)."""
 
+import sys
+
 import pytest
 from benchmark_helpers import peak_rss_bytes, run_benchmark
 
-from vit_jax.benchmark import cli
+from vit_jax.benchmark import cli, seq2seq
 
 
 def test_seq2seq(tmp_path, capsys):
@@ -42,6 +44,16 @@ def test_seq2seq_against_torch(tmp_path, capsys):
       report['train']['tokens_per_s'] / report['torch_train']['tokens_per_s'])
   assert 'torch train' in printed and 'ours/torch train tokens/s:' in printed
   assert report['args']['embed_dim'] == 16
+
+
+def test_compare_torch_without_torch_fails_before_building_anything(monkeypatch, capsys):
+  monkeypatch.setitem(sys.modules, 'torch', None)  # `import torch` raises, as where it is not.
+  built = []
+  monkeypatch.setattr(seq2seq.models, 'get_model', lambda *a, **k: built.append(a))
+  assert cli.main([*TINY_SEQ2SEQ, '--compare', 'torch']) == 1
+  assert not built
+  err = capsys.readouterr().err
+  assert '--compare torch needs torch' in err and 'pip install torch' in err
 
 
 def test_a_peer_of_another_mode_is_a_flag_error(capsys):

@@ -131,6 +131,8 @@ def batches(args) -> tuple[dict, dict]:
 
 def benchmark_seq2seq(args) -> dict:
   """Transformer training tokens/s and cached vs uncached greedy decoding tokens/s."""
+  if args.compare == 'torch':
+    torch_seq2seq.import_torch()  # Fails early, before anything is compiled.
   overrides = steps.model_overrides(args)
   model = models.get_model(args.model, vocab_size=args.vocab_size, **overrides)
   batch, peer_batch = batches(args)
