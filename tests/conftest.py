@@ -44,7 +44,8 @@ NEEDS_TENSORFLOW_TESTS = (
     'test_optim.py::test_the_trainer_applies_layer_decay_and_prints_its_table',
     'test_runtime.py::test_a_second_start_reads_the_programs_the_first_compiled',
     'test_runtime.py::test_an_unusable_compilation_cache_costs_a_warning_not_the_run',
-    'test_visualize.py::test_visualize_image_files_and_missing_checkpoint')
+    'test_visualize.py::test_visualize_image_files_and_missing_checkpoint',
+    'test_visualize.py::test_drawing_test_images_of_a_cached_run_decodes_one_batch_and_says_nothing')
 _WITHOUT_TENSORFLOW = 'TensorFlow is not installed (the input pipeline reads with tf.data)'
 # Looked up, not imported: the controller process then never loads TensorFlow.
 TENSORFLOW_MISSING = importlib.util.find_spec('tensorflow') is None

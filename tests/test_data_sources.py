@@ -83,6 +83,23 @@ def test_folder_dataset(tmp_path, capfd, cache):
     assert batch['image'].shape == (4, 8, 8, 3) and set(batch['label'].tolist()) <= {0, 1}
 
 
+@pytest.mark.parametrize('test_size', [8, 7])  # Two batches of 4 exactly, and one short.
+def test_a_cached_test_split_is_decoded_once(tmp_path, capfd, test_size):
+  """With config.data.cache, the next evaluations read the decoded test images kept in memory,
+  also when they fill their last batch exactly (TensorFlow then discarded what it had cached
+  at the end of every pass, and said so on stderr)."""
+  from vit_jax.data import make_image_folder  # pylint: disable=g-import-not-at-top
+  make_image_folder.make(str(tmp_path), size=8, train_size=60, test_size=test_size)
+  dataset = images.build(data_config(dataset=str(tmp_path), image_size=8, cache=True), 0, 1)
+  first = eval_arrays(dataset, batch_size=4)
+  os.rename(tmp_path / 'test', tmp_path / 'gone')  # Only the cache has them now.
+  for _ in range(2):
+    again = eval_arrays(dataset, batch_size=4)
+    for a, b in zip(first, again):
+      np.testing.assert_array_equal(a, b)
+  assert 'cache' not in capfd.readouterr().err
+
+
 @pytest.mark.parametrize('folder, overrides', [
     (False, dict(mixup_alpha=0.2, randaugment_layers=2, randaugment_magnitude=9)),
     (True, dict(train_crop='resize')),

@@ -278,6 +278,20 @@ def test_visualize_image_files_and_missing_checkpoint(tmp_path, capsys, monkeypa
     main.run(tiny_config(trainer='visualize', **{'visualize.inputs': output_dir}), workdir)
 
 
+def test_drawing_test_images_of_a_cached_run_decodes_one_batch_and_says_nothing(tmp_path, capfd):
+  """With config.data.cache, the pictures' one batch came from a cache of the whole test split
+  that TensorFlow filled, then discarded with a warning on stderr."""
+  from test_train import tiny_config  # pylint: disable=g-import-not-at-top
+  from vit_jax import main  # pylint: disable=g-import-not-at-top
+  workdir = str(tmp_path / 'run')
+  main.run(tiny_config(total_steps=1, eval_every=0, **{'data.cache': True}), workdir)
+  capfd.readouterr()
+  paths = main.run(tiny_config(trainer='visualize', **{'visualize.num_examples': 2,
+                                                       'data.cache': True}), workdir)
+  assert len(paths) == 4
+  assert 'cache' not in capfd.readouterr().err
+
+
 def test_an_output_dir_that_cannot_be_made_stops_before_the_model_runs(tmp_path):
   from vit_jax.train import config as config_lib, visualization  # pylint: disable=g-import-not-at-top
   (tmp_path / 'notes.txt').write_text('a file where a directory would go\n')

@@ -75,12 +75,12 @@ class EvalSplit:
 
     records = self._builder.as_dataset(split=self._host_split, shuffle_files=False)
     examples = records.map(preprocess_example, num_parallel_calls=tf.data.AUTOTUNE)
-    if config.cache:
-      examples = examples.cache()
     padding = tf.data.Dataset.from_tensors(tf.nest.map_structure(
         lambda spec: tf.zeros(spec.shape, spec.dtype), examples.element_spec)).repeat()
     num_padded = self.num_batches(batch_size) * batch_size
     examples = examples.concatenate(padding).take(num_padded)
+    if config.cache:  # After the take, which it then reads to its end: kept for every pass.
+      examples = examples.cache()
     return examples.batch(batch_size, drop_remainder=True).prefetch(config.prefetch)
 
   def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:

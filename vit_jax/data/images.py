@@ -242,8 +242,6 @@ class ImageDataset:
 
     examples = self._decoded_test().map(
         preprocess_example, num_parallel_calls=tf.data.AUTOTUNE)
-    if config.cache:
-      examples = examples.cache()
     padding = tf.data.Dataset.from_tensors({
         'image': tf.zeros(self.image_shape, tf.float32),
         'label': tf.constant(0, tf.int32),
@@ -251,6 +249,8 @@ class ImageDataset:
     }).repeat()
     num_padded = self.num_eval_batches(batch_size) * batch_size
     examples = examples.concatenate(padding).take(num_padded)
+    if config.cache:  # After the take, which it then reads to its end: kept for every pass.
+      examples = examples.cache()
     return examples.batch(batch_size, drop_remainder=True).prefetch(config.prefetch)
 
   def eval_batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:

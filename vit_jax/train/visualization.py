@@ -46,7 +46,8 @@ def _image_attention(config, workdir: str, output_dir: str) -> list[str]:
   if files:  # No dataset: the files, read and preprocessed like test images.
     inputs, labels = image_data.load_files(files, config.data), None
   else:
-    dataset = image_data.build(config.data)
+    # One batch is drawn: caching the test split (config.data.cache) would decode it all.
+    dataset = image_data.build({**config.data.to_dict(), 'cache': False})
     if dataset.class_names:  # Its labels are titled with the run's names.
       class_names.check_learnt(workdir, dataset.class_names, config.data.dataset)
     batch = next(dataset.eval_batches(config.visualize.num_examples))
