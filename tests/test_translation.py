@@ -1,6 +1,7 @@
 """The translation trainer: dates end to end, translate from a file, own parallel text."""
 
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import override, read_metrics
 
-from vit_jax import decode, errors, main, visualize
+from vit_jax import decode, errors, main, progress, visualize
 from vit_jax.data import text
 from vit_jax.train import checkpointing, translation
 from vit_jax.train import config as config_lib
@@ -38,7 +39,7 @@ def tiny_config(**overrides):
   return override(config, overrides)
 
 
-def test_dates_train_evaluate_and_translate(tmp_path, capsys):
+def test_dates_train_evaluate_and_translate(tmp_path, capsys, monkeypatch):
   workdir = str(tmp_path / 'dates')
   results = main.run(tiny_config(), workdir)
   assert {'loss', 'token_accuracy', 'bleu', 'exact_match'} <= set(results)
@@ -67,6 +68,12 @@ def test_dates_train_evaluate_and_translate(tmp_path, capsys):
   captured = capsys.readouterr()
   assert captured.out.splitlines() == outputs  # Translations only: the note is on stderr.
   assert 'Note: 1 line(s) (line 2) have more than 39 tokens: only their start' in captured.err
+  monkeypatch.setattr(progress, 'SLOW_SECONDS', 0.0)  # The progress lines of a quick decode.
+  inputs.write_text('le 3 mars 1979\n')
+  main.run(tiny_config(trainer='translate', input_file=str(inputs)), workdir)
+  assert re.search(r'^Decoding 1 sentence \(greedy\): 1 of 1 sentence in [\d.]+s\.$',
+                   capsys.readouterr().err, re.M)
+  monkeypatch.undo()
   with pytest.raises(errors.MissingFileError, match=r"config\.input_file: file '\S+' does not"):
     main.run(tiny_config(trainer='translate', input_file=str(tmp_path / 'missing.txt')), workdir)
 

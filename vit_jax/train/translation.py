@@ -59,8 +59,9 @@ class Translator:
     """Source ids (len(lines), max_length) and output ids (len(lines), max_decode_length)."""
     sources, outputs = [], []
     how = 'greedy' if self.beam_size == 1 else f'beam {self.beam_size}'
-    with progress.phase(f'Decoding {len(lines):,} sentences ({how})', total=len(lines),
-                        unit='sentences') as phase:
+    unit = 'sentence' if len(lines) == 1 else 'sentences'
+    with progress.phase(f'Decoding {len(lines):,} {unit} ({how})', total=len(lines),
+                        unit=unit) as phase:
       for start in range(0, len(lines), self.batch_size):
         chunk = lines[start:start + self.batch_size]
         inputs = encode_lines(self.tokenizer, chunk + [''] * (self.batch_size - len(chunk)),
