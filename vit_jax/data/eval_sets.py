@@ -16,7 +16,7 @@ import ml_collections
 import numpy as np
 
 from vit_jax import errors
-from vit_jax.data import tfds_common
+from vit_jax.data import images, tfds_common
 
 _LABEL_READ_BATCH = 4096  # Labels per batch when a split's labels are read without its images.
 
@@ -75,13 +75,7 @@ class EvalSplit:
 
     records = self._builder.as_dataset(split=self._host_split, shuffle_files=False)
     examples = records.map(preprocess_example, num_parallel_calls=tf.data.AUTOTUNE)
-    padding = tf.data.Dataset.from_tensors(tf.nest.map_structure(
-        lambda spec: tf.zeros(spec.shape, spec.dtype), examples.element_spec)).repeat()
-    num_padded = self.num_batches(batch_size) * batch_size
-    examples = examples.concatenate(padding).take(num_padded)
-    if config.cache:  # After the take, which it then reads to its end: kept for every pass.
-      examples = examples.cache()
-    return examples.batch(batch_size, drop_remainder=True).prefetch(config.prefetch)
+    return images.padded_batches(examples, self.num_batches(batch_size), batch_size, config)
 
   def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
     """One deterministic pass over this host's share, padded to num_batches(batch_size) batches.

@@ -132,6 +132,19 @@ def _checked_config(config) -> ml_collections.ConfigDict:
   return config
 
 
+def padded_batches(examples, num_batches: int, batch_size: int, config):
+  """`examples` (a tf.data.Dataset of eval examples with a 'mask' of 1) followed by all-zero
+  examples, as `num_batches` batches of `batch_size`, prefetched; with `config.cache` the
+  padded examples are kept in memory after the first pass."""
+  from vit_jax.data.tf_cpu import tf  # pylint: disable=g-import-not-at-top
+  padding = tf.data.Dataset.from_tensors(tf.nest.map_structure(
+      lambda spec: tf.zeros(spec.shape, spec.dtype), examples.element_spec)).repeat()
+  examples = examples.concatenate(padding).take(num_batches * batch_size)
+  if config.cache:  # After the take, which it then reads to its end: kept for every pass.
+    examples = examples.cache()
+  return examples.batch(batch_size, drop_remainder=True).prefetch(config.prefetch)
+
+
 class ImageDataset:
   """One host's input pipeline over a dataset: its sizes and its train/eval batch iterators.
 
@@ -242,16 +255,7 @@ class ImageDataset:
 
     examples = self._decoded_test().map(
         preprocess_example, num_parallel_calls=tf.data.AUTOTUNE)
-    padding = tf.data.Dataset.from_tensors({
-        'image': tf.zeros(self.image_shape, tf.float32),
-        'label': tf.constant(0, tf.int32),
-        'mask': tf.constant(0.0, tf.float32),
-    }).repeat()
-    num_padded = self.num_eval_batches(batch_size) * batch_size
-    examples = examples.concatenate(padding).take(num_padded)
-    if config.cache:  # After the take, which it then reads to its end: kept for every pass.
-      examples = examples.cache()
-    return examples.batch(batch_size, drop_remainder=True).prefetch(config.prefetch)
+    return padded_batches(examples, self.num_eval_batches(batch_size), batch_size, config)
 
   def eval_batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
     """One deterministic pass over this host's test share, padded to whole batches.
