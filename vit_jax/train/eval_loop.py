@@ -3,6 +3,7 @@
 Shared by training (each `eval_every` steps) and `trainer=evaluate` (`vit_jax.train.loop`).
 """
 
+import collections
 from typing import Any, Callable
 
 import jax
@@ -12,16 +13,24 @@ from vit_jax import errors, progress
 from vit_jax.train import mesh as mesh_lib
 
 
-def evaluate_params(task, params: Any, mesh, eval_sums: Callable) -> dict:
+def evaluate_params(task, params: Any, mesh, eval_sums: Callable,
+                    in_flight: int | None = None) -> dict:
   """Runs the eval split once with the jitted `eval_sums` of `task` (a `loop.Task`); one
   transfer at the end, then the task's `extra_eval`.
 
-  A pass that takes long prints how far it is (`progress.Phase`).
+  At most `in_flight` batches are queued on the devices at once (None: no limit), as the
+  train steps are (`loop.steps_in_flight`). A pass that takes long prints how far it is
+  (`progress.Phase`).
   """
   totals = None
+  queued = collections.deque()  # The sums of the batches queued, oldest first.
   with progress.phase('Evaluating', total=task.num_eval_batches(), unit='batches') as phase:
     for batch in task.eval_batches():
+      if in_flight and len(queued) >= in_flight:  # The batch in_flight back has finished.
+        jax.block_until_ready(queued.popleft())
       sums = eval_sums(params, mesh_lib.global_batch(batch, mesh))
+      if in_flight:
+        queued.append(sums)
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
       phase.advance()
   if totals is None:
@@ -29,11 +38,12 @@ def evaluate_params(task, params: Any, mesh, eval_sums: Callable) -> dict:
   return {**task.eval_summary(jax.device_get(totals)), **task.extra_eval(params, mesh)}
 
 
-def evaluate_state(task, state: dict, mesh, eval_sums: Callable) -> dict:
+def evaluate_state(task, state: dict, mesh, eval_sums: Callable,
+                   in_flight: int | None = None) -> dict:
   """`evaluate_params` of the state's params and, beside them, of its EMA ('ema_' figures)."""
-  results = evaluate_params(task, state['params'], mesh, eval_sums)
+  results = evaluate_params(task, state['params'], mesh, eval_sums, in_flight)
   if 'ema_params' in state:
-    ema = evaluate_params(task, state['ema_params'], mesh, eval_sums)
+    ema = evaluate_params(task, state['ema_params'], mesh, eval_sums, in_flight)
     results.update({f'ema_{key}': value for key, value in ema.items()
                     if key != 'num_examples'})
   return results

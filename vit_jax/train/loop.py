@@ -184,6 +184,16 @@ def _copy(tree, shardings):
   return jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=shardings)(tree)
 
 
+def steps_in_flight(config: ml_collections.ConfigDict) -> int | None:
+  """How many train steps (or eval batches) may be queued on the devices at once; None: any.
+
+  `config.steps_in_flight`, where 0 is 1 on CPUs, whose XLA allocates a program's temporary
+  buffers when it is queued, so that each queued one holds its own; accelerators reuse memory
+  in stream order, and a full queue hides the host's time.
+  """
+  return config.steps_in_flight or (1 if jax.default_backend() == 'cpu' else None)
+
+
 def _mean_metrics(pending: list[tuple[int, dict]]) -> dict:
   return {k: float(np.mean([m[k] for _, m in pending])) for k in pending[0][1]}
 
@@ -289,10 +299,7 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
                  stop: preemption.StopRequests) -> dict:
   """Steps start_step + 1 .. total_steps, with logging, evaluation and checkpoints."""
   pending: list[tuple[int, dict]] = []
-  # At most this many steps queued (None: no limit). XLA:CPU allocates a step's temporary
-  # buffers when the step is queued, so each queued step adds its own; accelerators reuse
-  # memory in stream order, and a full queue hides the host's time.
-  in_flight = config.steps_in_flight or (1 if jax.default_backend() == 'cpu' else None)
+  in_flight = steps_in_flight(config)
   last_eval = {}
   for step in range(start_step + 1, config.total_steps + 1):
     wait_start = time.perf_counter()
@@ -331,7 +338,7 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
     if do_eval:
       # After the save is complete: the weights are kept whatever the evaluation meets.
       checkpointer.finish()
-      last_eval = eval_loop.evaluate_state(task, state, mesh, eval_sums)
+      last_eval = eval_loop.evaluate_state(task, state, mesh, eval_sums, in_flight)
       writer.write(step, 'test', last_eval)
       progress.log(f'eval at step {step}: {metrics_lib.figures(last_eval)}')
     timer.exclude(time.perf_counter() - not_training_since)
@@ -356,16 +363,17 @@ def _finished(config, workdir: str, task: Task, step: int, mesh, state) -> dict:
       results = {k: v for k, v in row.items() if k not in ('step', 'split')}
       progress.log(f'eval at step {step}: {metrics_lib.figures(results)}')
       return results
-  results = _evaluate_checkpoint(task, state, step, mesh)  # The run stopped before it.
+  results = _evaluate_checkpoint(config, task, state, step, mesh)  # The run stopped before it.
   writer = metrics_lib.MetricWriter(workdir)
   writer.write(step, 'test', results)
   writer.close()
   return results
 
 
-def _evaluate_checkpoint(task: Task, state: dict, step: int, mesh) -> dict:
+def _evaluate_checkpoint(config, task: Task, state: dict, step: int, mesh) -> dict:
   """The test figures of the checkpoint of `step` (its `state`), said as `eval of step N: ...`."""
-  results = eval_loop.evaluate_state(task, state, mesh, jax.jit(task.eval_sums))
+  results = eval_loop.evaluate_state(task, state, mesh, jax.jit(task.eval_sums),
+                                     steps_in_flight(config))
   progress.log(f'eval of step {step}: {metrics_lib.figures(results)}')
   return results
 
@@ -390,4 +398,4 @@ def evaluate(config: ml_collections.ConfigDict, workdir: str, task: Task) -> dic
       state[key], step = checkpointer.restore_params(
           step, fall_back=config.checkpoint_fallback, abstract_params=target['params'],
           item=key)
-  return _evaluate_checkpoint(task, state, step, mesh)
+  return _evaluate_checkpoint(config, task, state, step, mesh)
