@@ -5,7 +5,7 @@ import json
 import numpy as np
 
 from vit_jax import run_metrics, runtime
-from vit_jax.train import loop, metrics
+from vit_jax.train import metrics
 
 
 def test_reports_carry_resident_memory_now_and_at_its_peak():
@@ -15,9 +15,9 @@ def test_reports_carry_resident_memory_now_and_at_its_peak():
   assert stats['examples_per_sec'] > 0
   assert held.nbytes <= stats['resident_bytes'] <= stats['peak_resident_bytes']
   assert stats['peak_resident_bytes'] == runtime.resident_bytes()[1]
-  line = loop._memory({'resident_bytes': 1.5e9, 'peak_resident_bytes': 2.25e9})
+  line = metrics.memory_text({'resident_bytes': 1.5e9, 'peak_resident_bytes': 2.25e9})
   assert line == 'memory 1.50 GB (peak 2.25 GB)'
-  assert loop._memory({'peak_resident_bytes': 2e9}) == 'memory ? GB (peak 2.00 GB)'
+  assert metrics.memory_text({'peak_resident_bytes': 2e9}) == 'memory ? GB (peak 2.00 GB)'
 
 
 def test_evaluation_and_saving_time_is_left_out_of_the_rates(monkeypatch):

@@ -3,7 +3,6 @@
 Shared by training (each `eval_every` steps) and `trainer=evaluate` (`vit_jax.train.loop`).
 """
 
-import collections
 from typing import Any, Callable
 
 import jax
@@ -23,14 +22,13 @@ def evaluate_params(task, params: Any, mesh, eval_sums: Callable,
   (`progress.Phase`).
   """
   totals = None
-  queued = collections.deque()  # The sums of the batches queued, oldest first.
+  queued = []  # Each batch's sums.
   with progress.phase('Evaluating', total=task.num_eval_batches(), unit='batches') as phase:
     for batch in task.eval_batches():
       if in_flight and len(queued) >= in_flight:  # The batch in_flight back has finished.
-        jax.block_until_ready(queued.popleft())
+        jax.block_until_ready(queued[-in_flight])
       sums = eval_sums(params, mesh_lib.global_batch(batch, mesh))
-      if in_flight:
-        queued.append(sums)
+      queued.append(sums)
       totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
       phase.advance()
   if totals is None:

@@ -149,13 +149,6 @@ def make_train_step(task: Task, tx: optax.GradientTransformation, schedule: Call
   return train_step
 
 
-def _memory(stats: dict) -> str:
-  """'memory 1.23 GB (peak 1.40 GB)': the process's resident memory, for progress lines."""
-  now = stats.get('resident_bytes')
-  now = '?' if now is None else f'{now / 1e9:.2f}'
-  return f'memory {now} GB (peak {stats["peak_resident_bytes"] / 1e9:.2f} GB)'
-
-
 def _prefetch(batches: Iterator[dict], mesh, size: int = 2) -> Iterator[dict]:
   """Assembles global device batches in a background thread, `size` ahead."""
   buffer: queue.Queue = queue.Queue(maxsize=size)
@@ -330,7 +323,7 @@ def _train_steps(config, task: Task, state: State, frozen, train_step, batches, 
           f'lr {train_metrics["learning_rate"]:.2e}  '
           f'{stats["examples_per_sec"]:.0f} ex/s  '
           f'data wait {100 * stats["data_wait_fraction"]:.0f}%  '
-          f'{_memory(stats)}  ETA {progress.format_duration(stats["eta"])}')
+          f'{metrics_lib.memory_text(stats)}  ETA {progress.format_duration(stats["eta"])}')
       pending = []
     not_training_since = time.perf_counter()
     if do_save:

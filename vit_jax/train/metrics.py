@@ -74,6 +74,13 @@ def figures(results: dict) -> str:
                    for name, value in results.items())
 
 
+def memory_text(stats: dict) -> str:
+  """'memory 1.23 GB (peak 1.40 GB)': the process's resident memory, for progress lines."""
+  now = stats.get('resident_bytes')
+  now = '?' if now is None else f'{now / 1e9:.2f}'
+  return f'memory {now} GB (peak {stats["peak_resident_bytes"] / 1e9:.2f} GB)'
+
+
 def keep_rows_until(workdir: str, step: int):
   """Drops WORKDIR/metrics.jsonl's rows after `step` (and lines cut short), as a run resumed
   from the checkpoint of `step` logs those steps again (process 0)."""
