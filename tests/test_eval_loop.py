@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from vit_jax import errors, main
+from vit_jax import errors, evaluation, main
 from vit_jax.train import eval_loop, loop, mesh as mesh_lib
 from helpers import digits_config, override
 
@@ -36,8 +36,8 @@ class SlowTask:
   def eval_summary(self, sums):
     return {'total': float(sums['total'])}
 
-  def extra_eval(self, params, mesh):
-    del params, mesh
+  def extra_eval(self, params, mesh, in_flight):
+    del params, mesh, in_flight
     return {}
 
 
@@ -74,11 +74,19 @@ def test_the_trainers_evaluations_queue_as_its_steps(tmp_path, monkeypatch):
     limits.append(in_flight)
     return evaluate_params(task, params, mesh, eval_sums, in_flight)
 
+  extra_limits = []  # And those of config.evals.
+  run_evaluations = evaluation.run
+
+  def spy_extra(*args, in_flight=None, **kwargs):
+    extra_limits.append(in_flight)
+    return run_evaluations(*args, in_flight=in_flight, **kwargs)
+
   monkeypatch.setattr(eval_loop, 'evaluate_params', spy)
-  config = digits_config(total_steps=2, log_every=2)
+  monkeypatch.setattr(evaluation, 'run', spy_extra)
+  config = digits_config(total_steps=2, log_every=2, evals=('fewshot',), **{'fewshot.shots': (1,)})
   main.run(config, str(tmp_path))
   main.run(override(config, {'trainer': 'evaluate', 'steps_in_flight': 3}), str(tmp_path))
-  assert limits == [loop.steps_in_flight(digits_config()), 3]
+  assert limits == extra_limits == [loop.steps_in_flight(digits_config()), 3]
   assert jax.default_backend() != 'cpu' or limits[0] == 1
 
 

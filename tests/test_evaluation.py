@@ -147,6 +147,44 @@ def test_eval_split_shares_cover_the_split_once_with_padded_batches():
   assert [label for label, mask in zip(labels, masks) if mask] == [label for label, _ in A]
 
 
+@jax.jit
+def _slowly(outputs):
+  """`outputs`, after a tenth of a second or so of 512x512 matrix products."""
+  work = jax.lax.fori_loop(0, 40, lambda _, x: jnp.tanh(x @ x), jnp.full((512, 512), 0.01))
+  return outputs + 0 * work[0, 0]
+
+
+class SlowFn:
+  """A slow `fn`; records how many of its earlier outputs had not finished at each call."""
+
+  def __init__(self, fn):
+    self.fn, self.outputs, self.unfinished_at_call = fn, [], []
+
+  def __call__(self, images_batch):
+    self.unfinished_at_call.append(sum(not out.is_ready() for out in self.outputs))
+    self.outputs.append(_slowly(self.fn(images_batch)))
+    return self.outputs[-1]
+
+
+@pytest.mark.parametrize('in_flight, most_unfinished', [(1, 0), (2, 1)])
+def test_imagenet_variants_queue_at_most_in_flight_batches(in_flight, most_unfinished):
+  slow = SlowFn(logits_fn)
+  with mock_imagenet():
+    [a] = evaluation.build(('imagenet_a',), DATA, None, num_classes=1000)
+    figures = evaluation.run([a], slow, pixels_fn, mesh_lib.make_mesh(), 1, in_flight)
+  assert figures == {'imagenet_a_accuracy': pytest.approx(EXPECTED['imagenet_a_accuracy'])}
+  assert len(slow.unfinished_at_call) == len(A)  # Batches of 1.
+  assert max(slow.unfinished_at_call) == most_unfinished
+
+
+def test_imagenet_variants_with_no_limit_run_ahead_of_the_device():
+  slow = SlowFn(logits_fn)
+  with mock_imagenet():
+    [a] = evaluation.build(('imagenet_a',), DATA, None, num_classes=1000)
+    evaluation.run([a], slow, pixels_fn, mesh_lib.make_mesh(), 1, None)
+  assert max(slow.unfinished_at_call) > 1
+
+
 # ------------------------------------------------------------------------------ Few-shot
 
 
@@ -183,6 +221,17 @@ def test_fewshot_probe_is_sklearns_ridge_solution():
           f'{np.abs(probe.weights - ridge.coef_.T).max():.1e}')
   assert fewshot.pick_shots(train_y, 10, 10, seed=0)[::10].tolist() == (
       fewshot.pick_shots(train_y, 1, 10, seed=0).tolist())  # 10 shots keep the 1-shot picks.
+
+
+@pytest.mark.parametrize('in_flight, most_unfinished', [(1, 0), (None, 1)])
+def test_fewshot_features_queue_at_most_in_flight_batches(in_flight, most_unfinished):
+  # None: fetched one batch late, so at most one earlier batch still runs.
+  [evaluator] = evaluation.build(('fewshot',), DIGITS, {'shots': (1,)}, num_classes=10)
+  slow = SlowFn(pixels_fn)
+  features, labels = evaluator.features('test_split', slow, mesh_lib.make_mesh(), 64, in_flight)
+  assert features.shape == (360, 64) and labels.shape == (360,)
+  assert len(slow.unfinished_at_call) == 6  # 360 digits in batches of 64.
+  assert max(slow.unfinished_at_call) == most_unfinished
 
 
 def test_fewshot_with_more_shots_than_a_class_has_is_a_one_line_error():

@@ -96,7 +96,7 @@ def build(names: tuple[str, ...], data_config, fewshot_config, num_classes: int,
 
 
 def run(evaluators: list[Evaluator], logits_fn: ImagesFn, features_fn: ImagesFn, mesh,
-        batch_size: int) -> dict[str, float]:
+        batch_size: int, in_flight: int | None = None) -> dict[str, float]:
   """Runs each evaluator once: {metric name: value}, the same on every process.
 
   Args:
@@ -105,8 +105,9 @@ def run(evaluators: list[Evaluator], logits_fn: ImagesFn, features_fn: ImagesFn,
     features_fn: images -> (B, D) pre-logits features; jitted.
     mesh: the run's mesh; batches are split over its data x fsdp axes.
     batch_size: this process's eval batch (config.eval_batch_size // process_count).
+    in_flight: at most this many batches queued on the devices at once; None: no limit.
   """
   figures = {}
   for evaluator in evaluators:
-    figures.update(evaluator.evaluate(logits_fn, features_fn, mesh, batch_size))
+    figures.update(evaluator.evaluate(logits_fn, features_fn, mesh, batch_size, in_flight))
   return figures

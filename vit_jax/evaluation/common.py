@@ -21,9 +21,10 @@ class Evaluator(abc.ABC):
   metric_names: tuple[str, ...]  # The keys of what `evaluate` returns.
 
   @abc.abstractmethod
-  def evaluate(self, logits_fn: ImagesFn, features_fn: ImagesFn, mesh,
-               batch_size: int) -> dict[str, float]:
-    """{metric name: value}, the same on every process; `batch_size` is this process's."""
+  def evaluate(self, logits_fn: ImagesFn, features_fn: ImagesFn, mesh, batch_size: int,
+               in_flight: int | None = None) -> dict[str, float]:
+    """{metric name: value}, the same on every process; `batch_size` is this process's; at
+    most `in_flight` batches queued on the devices at once (None: no limit)."""
 
 
 def global_batches(batches: Iterator[dict[str, np.ndarray]], num_batches: int, mesh,
@@ -35,11 +36,22 @@ def global_batches(batches: Iterator[dict[str, np.ndarray]], num_batches: int, m
       phase.advance()
 
 
-def summed(sums: Iterator[dict[str, jax.Array]]) -> dict[str, float]:
-  """Adds up per-batch sums on the devices; one transfer at the end."""
+def summed(batches: Iterator[dict[str, jax.Array]],
+           batch_sums: Callable[[dict[str, jax.Array]], dict[str, jax.Array]],
+           in_flight: int | None = None) -> dict[str, float]:
+  """Adds up `batch_sums(batch)` of each batch on the devices; one transfer at the end.
+
+  At most `in_flight` batches are queued on the devices at once (None: no limit), as in the
+  test split's evaluation (`loop.steps_in_flight`).
+  """
   totals = None
-  for batch_sums in sums:
-    totals = batch_sums if totals is None else jax.tree.map(jnp.add, totals, batch_sums)
+  queued = []  # Each batch's sums.
+  for batch in batches:
+    if in_flight and len(queued) >= in_flight:  # The batch in_flight back has finished.
+      jax.block_until_ready(queued[-in_flight])
+    sums = batch_sums(batch)
+    queued.append(sums)
+    totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
   return {key: float(value) for key, value in jax.device_get(totals).items()}
 
 

@@ -149,8 +149,9 @@ class FewShotEvaluator(common.Evaluator):
       raise errors.ConfigError(f'Few-shot evaluation (fewshot config dataset='
                                f'{self.config.dataset!r}, split={split!r}): {e}') from None
 
-  def features(self, key: str, features_fn, mesh, batch_size: int):
-    """(float64 (N, D) features, int (N,) labels) of a whole split, on every process.
+  def features(self, key: str, features_fn, mesh, batch_size: int, in_flight: int | None = None):
+    """(float64 (N, D) features, int (N,) labels) of a whole split, on every process; at most
+    `in_flight` batches queued on the devices at once (None: two).
 
     Each example carries (process, position in that process's share); sorted by these, the
     gathered examples come in the order one process alone reads the split, for any number of
@@ -171,26 +172,27 @@ class FewShotEvaluator(common.Evaluator):
     batches = common.global_batches(numbered(dataset.eval_batches(batch_size)),
                                     dataset.num_eval_batches(batch_size), mesh,
                                     f'Few-shot features of {self.config[key]!r} of {dataset.name}')
-    fetched, pending = [], None
+    fetched, queued = [], []
     for batch in batches:
-      current = gather(features_fn(batch['image']), batch['label'], batch['mask'],
-                       batch['process'], batch['position'])
-      if pending is not None:  # Fetched one batch late, so that the devices keep working.
-        fetched.append(jax.device_get(pending))
-      pending = current
-    fetched.append(jax.device_get(pending))
+      if len(queued) >= (in_flight or 2):  # Fetched late, so that the devices keep working.
+        fetched.append(jax.device_get(queued.pop(0)))
+      queued.append(gather(features_fn(batch['image']), batch['label'], batch['mask'],
+                           batch['process'], batch['position']))
+    fetched.extend(jax.device_get(queued))
     features, labels, mask, process, position = (np.concatenate(parts) for parts in zip(*fetched))
     keep = mask > 0
     order = np.lexsort((position[keep], process[keep]))
     return features[keep][order].astype(np.float64), labels[keep][order]
 
-  def evaluate(self, logits_fn, features_fn, mesh, batch_size):
+  def evaluate(self, logits_fn, features_fn, mesh, batch_size, in_flight=None):
     del logits_fn
     c = self.config
-    train_features, train_labels = self.features('train_split', features_fn, mesh, batch_size)
+    train_features, train_labels = self.features('train_split', features_fn, mesh, batch_size,
+                                                 in_flight)
     where = f'split {c.train_split!r} of {c.dataset!r}'
     picks = {k: pick_shots(train_labels, k, self.num_classes, c.seed, where) for k in c.shots}
-    test_features, test_labels = self.features('test_split', features_fn, mesh, batch_size)
+    test_features, test_labels = self.features('test_split', features_fn, mesh, batch_size,
+                                               in_flight)
     results = {}
     for name, shots in zip(self.metric_names, c.shots):
       probe = fit_probe(train_features[picks[shots]], train_labels[picks[shots]], self.num_classes,

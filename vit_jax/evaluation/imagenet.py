@@ -96,17 +96,17 @@ class ImageNetEvaluator(common.Evaluator):
       self._subset = self.split.labels_present('label').astype(np.int32)
     return self._subset
 
-  def evaluate(self, logits_fn, features_fn, mesh, batch_size):
+  def evaluate(self, logits_fn, features_fn, mesh, batch_size, in_flight=None):
     del features_fn
     num_batches = self.split.num_batches(batch_size)
     batches = common.global_batches(self.split.batches(batch_size), num_batches, mesh,
                                     f'Evaluating on {self.name} {self.split.split}')
     if self.variant.scoring == 'real':
-      sums = (_real_sums(logits_fn(batch['image']), batch['real_labels'], batch['mask'])
-              for batch in batches)
+      def batch_sums(batch):
+        return _real_sums(logits_fn(batch['image']), batch['real_labels'], batch['mask'])
     else:
       classes = mesh_lib.from_host(self.classes(), mesh_lib.replicated(mesh))
-      sums = (_top1_sums(logits_fn(batch['image']), batch['label'], batch['mask'], classes)
-              for batch in batches)
-    totals = common.summed(sums)
+      def batch_sums(batch):
+        return _top1_sums(logits_fn(batch['image']), batch['label'], batch['mask'], classes)
+    totals = common.summed(batches, batch_sums, in_flight)
     return {self.metric_names[0]: common.ratio(totals['correct'], totals['count'])}

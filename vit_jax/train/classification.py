@@ -198,13 +198,13 @@ class ClassificationTask(task.BatchedTask):
     return {'accuracy': float(sums['correct']) / count, 'loss': float(sums['loss']) / count,
             'num_examples': count, **heads}
 
-  def extra_eval(self, params, mesh) -> dict:
+  def extra_eval(self, params, mesh, in_flight=None) -> dict:
     """The figures of `config.evals` (other datasets, few-shot probes)."""
     if not self.evaluators:
       return {}
     return evaluation.run(self.evaluators, lambda images: self._logits(params, images),
                           lambda images: self._features(params, images), mesh,
-                          self.local_eval_batch_size)
+                          self.local_eval_batch_size, in_flight=in_flight)
 
 
 

@@ -119,9 +119,9 @@ def _common_config(task: str, model: str) -> ml_collections.ConfigDict:
   # glibc keeps freed memory in one arena for reuse, so XLA's per-step temporary buffers
   # stop page-faulting; the process does not give that memory back to the system.
   config.tune_malloc = True
-  # Train steps (and eval batches) queued on the devices at once: 0 is 1 on CPUs (where each
-  # queued one holds its own temporary buffers) and no limit on accelerators; N waits for the
-  # one N back.
+  # Train steps (and batches of every evaluation) queued on the devices at once: 0 is 1 on CPUs
+  # (where each queued one holds its own temporary buffers) and no limit on accelerators; N
+  # waits for the one N back.
   config.steps_in_flight = 0
   # Where compiled programs are kept for later starts (evaluate, resume, ...): a directory,
   # 'off', or 'auto': $JAX_COMPILATION_CACHE_DIR, else on accelerators ~/.cache/vit_jax/xla

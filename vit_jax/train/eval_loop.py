@@ -33,7 +33,7 @@ def evaluate_params(task, params: Any, mesh, eval_sums: Callable,
       phase.advance()
   if totals is None:
     raise errors.ConfigError('The test split is empty: there is nothing to evaluate.')
-  return {**task.eval_summary(jax.device_get(totals)), **task.extra_eval(params, mesh)}
+  return {**task.eval_summary(jax.device_get(totals)), **task.extra_eval(params, mesh, in_flight)}
 
 
 def evaluate_state(task, state: dict, mesh, eval_sums: Callable,

@@ -59,8 +59,9 @@ class Task(Protocol):
   def eval_summary(self, sums: dict) -> dict:
     """Turns summed eval metrics into the figures to report."""
 
-  def extra_eval(self, params: Any, mesh) -> dict:
-    """Figures beyond per-batch sums (BLEU of decoded text, other datasets), or {}."""
+  def extra_eval(self, params: Any, mesh, in_flight: int | None) -> dict:
+    """Figures beyond per-batch sums (BLEU of decoded text, other datasets), or {}; at most
+    `in_flight` batches queued on the devices at once (None: no limit)."""
 
   def train_batches(self, start_step: int) -> Iterator[dict]:
     """This process's training batches (numpy), forever, from batch `start_step` on."""

@@ -147,14 +147,15 @@ class TranslationTask(task.BatchedTask):
     return {'loss': float(sums['loss']) / tokens,
             'token_accuracy': float(sums['correct_tokens']) / tokens}
 
-  def extra_eval(self, params, mesh) -> dict:
+  def extra_eval(self, params, mesh, in_flight=None) -> dict:
     """BLEU and exact match of the decoded test sources, and how many were decoded.
 
     Scores the first `num_eval_decode` test sentences of the whole split (0: all). Each
     process decodes the ones in its share on one of its devices; hypotheses and references
     are gathered, so every process reports the figures of the whole set.
     """
-    del mesh  # Each process decodes on one of its own devices.
+    # Each process decodes on one of its own devices, a batch at a time (one in flight).
+    del mesh, in_flight
     pairs = self.data.eval_texts()
     if self.config.num_eval_decode:
       pairs = pairs[:distributed.first_n_share(len(pairs), self.config.num_eval_decode)]
