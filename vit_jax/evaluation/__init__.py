@@ -105,7 +105,8 @@ def run(evaluators: list[Evaluator], logits_fn: ImagesFn, features_fn: ImagesFn,
     features_fn: images -> (B, D) pre-logits features; jitted.
     mesh: the run's mesh; batches are split over its data x fsdp axes.
     batch_size: this process's eval batch (config.eval_batch_size // process_count).
-    in_flight: at most this many batches queued on the devices at once; None: no limit.
+    in_flight: at most this many batches queued on the devices at once; None: each
+      evaluator's own limit (few-shot fetches one batch late; the ImageNet variants have none).
   """
   figures = {}
   for evaluator in evaluators:

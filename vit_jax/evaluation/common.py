@@ -24,7 +24,8 @@ class Evaluator(abc.ABC):
   def evaluate(self, logits_fn: ImagesFn, features_fn: ImagesFn, mesh, batch_size: int,
                in_flight: int | None = None) -> dict[str, float]:
     """{metric name: value}, the same on every process; `batch_size` is this process's; at
-    most `in_flight` batches queued on the devices at once (None: no limit)."""
+    most `in_flight` batches queued on the devices at once (None: the evaluator's own limit,
+    if any)."""
 
 
 def global_batches(batches: Iterator[dict[str, np.ndarray]], num_batches: int, mesh,

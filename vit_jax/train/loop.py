@@ -61,7 +61,7 @@ class Task(Protocol):
 
   def extra_eval(self, params: Any, mesh, in_flight: int | None) -> dict:
     """Figures beyond per-batch sums (BLEU of decoded text, other datasets), or {}; at most
-    `in_flight` batches queued on the devices at once (None: no limit)."""
+    `in_flight` batches queued on the devices at once (None: the run sets no limit)."""
 
   def train_batches(self, start_step: int) -> Iterator[dict]:
     """This process's training batches (numpy), forever, from batch `start_step` on."""
