@@ -1,4 +1,5 @@
-"""What every extra evaluation shares: the `Evaluator` interface and the batch loop over a mesh."""
+"""What every extra evaluation shares: the `Evaluator` interface and the batch loop over a mesh
+(which the test split's evaluation, `train.eval_loop`, runs too)."""
 
 import abc
 from typing import Callable, Iterator
@@ -40,10 +41,11 @@ def global_batches(batches: Iterator[dict[str, np.ndarray]], num_batches: int, m
 def summed(batches: Iterator[dict[str, jax.Array]],
            batch_sums: Callable[[dict[str, jax.Array]], dict[str, jax.Array]],
            in_flight: int | None = None) -> dict[str, float]:
-  """Adds up `batch_sums(batch)` of each batch on the devices; one transfer at the end.
+  """Adds up `batch_sums(batch)` of each batch on the devices; one transfer at the end; {}
+  when there is no batch.
 
-  At most `in_flight` batches are queued on the devices at once (None: no limit), as in the
-  test split's evaluation (`loop.steps_in_flight`).
+  At most `in_flight` batches are queued on the devices at once (None: no limit): the test
+  split's evaluation passes `loop.steps_in_flight`, as the extra evaluations do.
   """
   totals = None
   queued = []  # Each batch's sums.
@@ -53,6 +55,8 @@ def summed(batches: Iterator[dict[str, jax.Array]],
     sums = batch_sums(batch)
     queued.append(sums)
     totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+  if totals is None:
+    return {}
   return {key: float(value) for key, value in jax.device_get(totals).items()}
 
 

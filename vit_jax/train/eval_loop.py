@@ -5,11 +5,8 @@ Shared by training (each `eval_every` steps) and `trainer=evaluate` (`vit_jax.tr
 
 from typing import Any, Callable
 
-import jax
-import jax.numpy as jnp
-
-from vit_jax import errors, progress
-from vit_jax.train import mesh as mesh_lib
+from vit_jax import errors
+from vit_jax.evaluation import common
 
 
 def evaluate_params(task, params: Any, mesh, eval_sums: Callable,
@@ -18,22 +15,15 @@ def evaluate_params(task, params: Any, mesh, eval_sums: Callable,
   transfer at the end, then the task's `extra_eval`.
 
   At most `in_flight` batches are queued on the devices at once (None: no limit), as the
-  train steps are (`loop.steps_in_flight`). A pass that takes long prints how far it is
-  (`progress.Phase`).
+  train steps are (`loop.steps_in_flight`); the loop is the extra evaluations'
+  (`evaluation.common.summed`). A pass that takes long prints how far it is.
   """
-  totals = None
-  queued = []  # Each batch's sums.
-  with progress.phase('Evaluating', total=task.num_eval_batches(), unit='batches') as phase:
-    for batch in task.eval_batches():
-      if in_flight and len(queued) >= in_flight:  # The batch in_flight back has finished.
-        jax.block_until_ready(queued[-in_flight])
-      sums = eval_sums(params, mesh_lib.global_batch(batch, mesh))
-      queued.append(sums)
-      totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-      phase.advance()
-  if totals is None:
+  batches = common.global_batches(task.eval_batches(), task.num_eval_batches(), mesh,
+                                  'Evaluating')
+  totals = common.summed(batches, lambda batch: eval_sums(params, batch), in_flight)
+  if not totals:
     raise errors.ConfigError('The test split is empty: there is nothing to evaluate.')
-  return {**task.eval_summary(jax.device_get(totals)), **task.extra_eval(params, mesh, in_flight)}
+  return {**task.eval_summary(totals), **task.extra_eval(params, mesh, in_flight)}
 
 
 def evaluate_state(task, state: dict, mesh, eval_sums: Callable,
