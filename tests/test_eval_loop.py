@@ -7,7 +7,7 @@ import pytest
 
 from vit_jax import errors, evaluation, main
 from vit_jax.train import eval_loop, loop, mesh as mesh_lib
-from helpers import digits_config, override
+from helpers import digits_config, override, slowly
 
 NUM_BATCHES = 6
 
@@ -29,7 +29,7 @@ class SlowTask:
 
   def eval_sums(self, params, batch):
     self.unfinished_at_queue.append(sum(not out['total'].is_ready() for out in self.outputs))
-    sums = _slow_sums(params, batch)
+    sums = slowly({'total': params * jnp.sum(batch['x'])})
     self.outputs.append(sums)
     return sums
 
@@ -39,12 +39,6 @@ class SlowTask:
   def extra_eval(self, params, mesh, in_flight):
     del params, mesh, in_flight
     return {}
-
-
-@jax.jit
-def _slow_sums(params, batch):
-  work = jax.lax.fori_loop(0, 40, lambda _, x: jnp.tanh(x @ x), jnp.full((512, 512), 0.01))
-  return {'total': params * jnp.sum(batch['x']) + 0 * work[0, 0]}
 
 
 @pytest.mark.parametrize('in_flight, most_unfinished', [(1, 0), (2, 1)])

@@ -18,6 +18,7 @@ from vit_jax.data import eval_sets, images
 from vit_jax.data.hosts import host_range
 from vit_jax.evaluation import fewshot
 from vit_jax.train import mesh as mesh_lib
+from helpers import slowly
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = {'image_size': 4}  # Hand-made images are 4x4: eval preprocessing keeps their pixels.
@@ -147,13 +148,6 @@ def test_eval_split_shares_cover_the_split_once_with_padded_batches():
   assert [label for label, mask in zip(labels, masks) if mask] == [label for label, _ in A]
 
 
-@jax.jit
-def _slowly(outputs):
-  """`outputs`, after a tenth of a second or so of 512x512 matrix products."""
-  work = jax.lax.fori_loop(0, 40, lambda _, x: jnp.tanh(x @ x), jnp.full((512, 512), 0.01))
-  return outputs + 0 * work[0, 0]
-
-
 class SlowFn:
   """A slow `fn`; records how many of its earlier outputs had not finished at each call."""
 
@@ -162,7 +156,7 @@ class SlowFn:
 
   def __call__(self, images_batch):
     self.unfinished_at_call.append(sum(not out.is_ready() for out in self.outputs))
-    self.outputs.append(_slowly(self.fn(images_batch)))
+    self.outputs.append(slowly(self.fn(images_batch)))
     return self.outputs[-1]
 
 
