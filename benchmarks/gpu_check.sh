@@ -143,8 +143,11 @@ if [[ $part == core ]]; then
 else
   # The largest batch; the same flags on .before's vit_jax (what this version's changes
   # gave); the products without Triton's GEMM fusions (the H200 run's step had no bias or
-  # GELU in a cuBLASLt epilogue, the compile without autotuning had); the steps timed one by
-  # one (as versions before --timing did); XLA's attention instead of cuDNN's; options.
+  # GELU in a cuBLASLt epilogue, the compile without autotuning had, with its jaxlib too);
+  # without XLA's dot merger (jaxlib 0.11.2 merges two pairs of products in each layer at
+  # batch 128 and the compile-only bound rises: README, "Compiling for a GPU"); the steps
+  # timed one by one (as versions before --timing did); XLA's attention instead of cuDNN's;
+  # options.
   bench "vit_b${batches[2]}" "${train[@]}" --batch "${batches[2]}"
   if [[ -d .before/vit_jax ]]; then
     name="vit_b${b}_before"
@@ -154,6 +157,8 @@ else
   fi
   bench "vit_b${b}_no_triton_gemm" "${train[@]}" --batch "$b" \
     --xla-option xla_gpu_enable_triton_gemm=false --hlo-out "$logs/vit_b${b}_no_triton_gemm.hlo"
+  bench "vit_b${b}_no_dot_merger" "${train[@]}" --batch "$b" \
+    --xla-option xla_disable_hlo_passes=dot-merger
   bench "vit_b${b}_isolated" "${train[@]}" --batch "$b" --timing isolated
   bench "vit_b${batches[1]}" "${train[@]}" --batch "${batches[1]}"
   bench "vit_b${b}_xla_attention" "${train[@]}" --batch "$b" --attention fused
