@@ -236,3 +236,15 @@ def slowly(outputs):
   that work queued without waiting piles up behind it."""
   work = jax.lax.fori_loop(0, 40, lambda _, x: jnp.tanh(x @ x), jnp.full((512, 512), 0.01))
   return jax.tree.map(lambda x: x + 0 * work[0, 0].astype(x.dtype), outputs)
+
+
+def on_numpys_openblas(script: str, **env) -> subprocess.CompletedProcess:
+  """Runs `script` in a fresh process whose BLAS is NumPy's bundled OpenBLAS (else skips)."""
+  import pytest  # pylint: disable=g-import-not-at-top
+  from vit_jax.kernels import blas  # pylint: disable=g-import-not-at-top
+  numpy_blas = [b for b in blas._blas_candidates() if b.name == 'openblas']
+  if not numpy_blas:
+    pytest.skip('this NumPy has no bundled scipy-openblas')
+  return subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
+                        env={**os.environ, 'VIT_JAX_BLAS': numpy_blas[0].path, **env},
+                        timeout=300)

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_blas_fallback import on_numpys_openblas
+from helpers import on_numpys_openblas
 
 from vit_jax import kernels, models
 from vit_jax.kernels import blas

@@ -8,6 +8,7 @@ import sys
 
 import jax
 import pytest
+from helpers import on_numpys_openblas
 
 from vit_jax.kernels import blas, build
 
@@ -38,16 +39,6 @@ def test_without_a_blas_auto_falls_back_and_blas_says_why(tmp_path):
   assert 'auto -> xla' in out.stdout and 'attention -> head_major' in out.stdout
   assert 'blas -> No ILP64 CBLAS found' in out.stdout and 'libnothing.so' in out.stdout
   assert "pip install 'vit_jax[mkl]'" in out.stdout
-
-
-def on_numpys_openblas(script: str, **env) -> subprocess.CompletedProcess:
-  """Runs `script` in a fresh process whose BLAS is NumPy's bundled OpenBLAS (else skips)."""
-  numpy_blas = [b for b in blas._blas_candidates() if b.name == 'openblas']
-  if not numpy_blas:
-    pytest.skip('this NumPy has no bundled scipy-openblas')
-  return subprocess.run([sys.executable, '-c', script], capture_output=True, text=True,
-                        env={**os.environ, 'VIT_JAX_BLAS': numpy_blas[0].path, **env},
-                        timeout=300)
 
 
 def test_without_mkl_auto_builds_nothing(tmp_path):
