@@ -41,6 +41,7 @@ NEEDS_TENSORFLOW_MODULES = (
     'test_train', 'test_train_order')
 NEEDS_TENSORFLOW_TESTS = (
     'test_distributed_start.py::test_a_lost_process_is_named_by_the_others',
+    'test_native_logs.py::test_a_run_with_its_stderr_closed_trains',
     'test_optim.py::test_the_trainer_applies_layer_decay_and_prints_its_table',
     'test_runtime.py::test_a_second_start_reads_the_programs_the_first_compiled',
     'test_runtime.py::test_an_unusable_compilation_cache_costs_a_warning_not_the_run',

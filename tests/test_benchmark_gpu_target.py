@@ -38,6 +38,8 @@ def test_train_step_compiled_for_an_h200(tmp_path):
   print(result.stdout)
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'compiled for NVIDIA H200 without one (attention auto (cudnn)' in result.stdout
+  # Not the plugin's notes that there is no driver, nor absl's preamble to them.
+  assert not re.search(r'^I\d{4} |absl::InitializeLog', result.stderr, re.M), result.stderr
   hlo = hlo_path.read_text()
   # Forward and backward of each of the 2 layers on cuDNN's flash kernel, the padding token
   # hidden by key lengths: no bias, so no bias gradient for cuDNN to reduce over the batch.

@@ -4,9 +4,8 @@ failures (no network, no access, no such filesystem) as one-line errors."""
 import contextlib
 import os
 import re
-import sys
 
-from vit_jax import errors
+from vit_jax import errors, native_logs
 
 _WEB = ('http://', 'https://')
 _WEB_TIMEOUT_S = 60  # Seconds without a byte before an http(s) read gives up.
@@ -55,13 +54,12 @@ def reaching(path: str):
 def without_credentials_warning():
   """Drops TensorFlow's warning that GCS found no credentials from what is written to stderr
   inside it; every other line passes."""
-  from vit_jax.data import tf_cpu  # pylint: disable=g-import-not-at-top
   lines = []
   try:
-    with tf_cpu.stderr_captured() as lines:
+    with native_logs.stderr_captured() as lines:
       yield
   finally:
-    sys.stderr.write(''.join(line for line in lines if not _NO_CREDENTIALS.match(line)))
+    native_logs.pass_on(lines, _NO_CREDENTIALS)
 
 
 @contextlib.contextmanager

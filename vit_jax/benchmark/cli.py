@@ -298,8 +298,6 @@ def _run(args: argparse.Namespace) -> tuple[dict, str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
   args = parse_args(argv)
-  if args.compile_for:
-    gpu_target.prepare_environment()
   if args.compare:  # Leave GPU memory to torch: JAX would take 75% of it at start-up.
     os.environ.setdefault('XLA_PYTHON_CLIENT_PREALLOCATE', 'false')
   if args.tune_malloc is None:  # Decided before JAX starts its threads (see tune_malloc).
@@ -307,6 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
   if args.tune_malloc and not runtime.tune_malloc():
     print('note: --tune-malloc needs glibc (Linux); running without it.', file=sys.stderr)
     args.tune_malloc = False
+  if args.compile_for:
+    gpu_target.start_jax()
   try:
     report, text = run(args)
   except errors.UserError as error:

@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import jaxlib
 
-from vit_jax import errors, files, models
+from vit_jax import errors, files, models, native_logs
 from vit_jax.benchmark import hlo_costs, memory, steps, timing
 from vit_jax.flops import count_flops
 from vit_jax.models import backend
@@ -77,9 +77,12 @@ TARGETS = {
 COMPILER_OPTIONS = {'xla_gpu_enable_triton_gemm': False}
 
 
-def prepare_environment():
-  """Lets JAX's CUDA plugin load on a machine without CUDA; call before JAX starts."""
+def start_jax():
+  """Starts JAX with its CUDA plugin on a machine without CUDA, the plugin's note that there is
+  no driver dropped (`native_logs`)."""
   os.environ.setdefault('JAX_SKIP_CUDA_CONSTRAINTS_CHECK', '1')
+  with native_logs.load_notes_dropped():
+    jax.devices()
 
 
 def cuda_plugin_installed() -> bool:

@@ -12,14 +12,13 @@ Importing this module is cheap; TensorFlow is imported by `build`.
 """
 
 import re
-import sys
 from typing import Iterator
 
 import ml_collections
 from ml_collections import config_dict
 import numpy as np
 
-from vit_jax import errors, files
+from vit_jax import errors, files, native_logs
 from vit_jax.data import checks, hosts, normalization, synthetic
 
 _AUTOTUNE = -1  # tf.data.AUTOTUNE, spelled out so that building a config needs no TensorFlow.
@@ -293,7 +292,7 @@ def _decoded(path: str, contents, channels: int):
   from vit_jax.data import tf_cpu  # pylint: disable=g-import-not-at-top
   logged = []
   try:
-    with tf_cpu.stderr_captured() as logged:
+    with native_logs.stderr_captured() as logged:
       return tf_cpu.tf.io.decode_image(contents, channels=channels, expand_animations=False)
   except tf_cpu.tf.errors.InvalidArgumentError as e:
     said = [m for m in map(_CPP_LOG_LINE.match, logged) if m]
@@ -302,7 +301,7 @@ def _decoded(path: str, contents, channels: int):
     reason = re.sub(r'\{\{.*?\}\}|\[Op:.*', '', e.message).strip()
     raise _unreadable(path, '; '.join([*details, reason])) from None
   finally:
-    sys.stderr.write(''.join(line for line in logged if not tf_cpu.ABSL_PREAMBLE.match(line)))
+    native_logs.pass_on(logged, native_logs.ABSL_PREAMBLE)
 
 
 def load_files(paths: list[str], config=None) -> np.ndarray:
