@@ -14,6 +14,9 @@ import tempfile
 
 import pytest
 
+# The fixtures that test_export.py and test_export_cli.py share (session-scoped: built once).
+pytest_plugins = ['export_fixtures']
+
 # No test uses Keras: TensorFlow's import then skips it (vit_jax.runtime.tensorflow_without_keras,
 # which the programs call), in this process, the workers and every subprocess they start.
 os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
@@ -36,9 +39,9 @@ NEEDS_TENSORFLOW_MODULES = (
     'test_benchmark_data', 'test_checkpointing', 'test_data_erasing', 'test_data_images',
     'test_data_mixing', 'test_data_normalization', 'test_data_sources', 'test_data_text_sources',
     'test_data_tf_cpu', 'test_distillation', 'test_distributed', 'test_docs', 'test_ema',
-    'test_errors', 'test_evaluation', 'test_export', 'test_export_translation', 'test_files',
-    'test_make_image_folder', 'test_mesh', 'test_notebooks', 'test_prediction', 'test_preemption',
-    'test_train', 'test_train_order')
+    'test_errors', 'test_evaluation', 'test_export', 'test_export_cli', 'test_export_translation',
+    'test_files', 'test_make_image_folder', 'test_mesh', 'test_notebooks', 'test_prediction',
+    'test_preemption', 'test_train', 'test_train_order')
 NEEDS_TENSORFLOW_TESTS = (
     'test_distributed_start.py::test_a_lost_process_is_named_by_the_others',
     'test_native_logs.py::test_a_run_with_its_stderr_closed_trains',
