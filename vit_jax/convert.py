@@ -12,7 +12,7 @@ import os
 import sys
 from typing import Sequence
 
-from vit_jax import errors, runtime, weights
+from vit_jax import entry, errors, runtime, weights
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -65,4 +65,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == '__main__':
   runtime.start_program()
-  sys.exit(main())
+  entry.run(main)

@@ -14,7 +14,7 @@ import sys
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from vit_jax import errors, files, runtime
+from vit_jax import entry, errors, files, runtime
 from vit_jax.train import distributed, flag_errors, preemption
 
 # Without --config, the config saved in --workdir by an earlier run (flag_errors.parse_flags
@@ -187,5 +187,5 @@ def _main_with_errors(argv):
 
 if __name__ == '__main__':
   runtime.start_program()
-  app.run(_main_with_errors,
-          flags_parser=functools.partial(flag_errors.parse_flags, default_spec=_SAVED_CONFIG))
+  entry.run(app.run, _main_with_errors,
+            flags_parser=functools.partial(flag_errors.parse_flags, default_spec=_SAVED_CONFIG))

@@ -24,6 +24,8 @@ import math
 import re
 import sys
 
+from vit_jax import entry
+
 DTYPE_BYTES = {'pred': 1, 's8': 1, 'u8': 1, 's16': 2, 'u16': 2, 'f16': 2, 'bf16': 2,
                's32': 4, 'u32': 4, 'f32': 4, 's64': 8, 'u64': 8, 'f64': 8,
                'f8e4m3fn': 1, 'f8e5m2': 1}
@@ -350,4 +352,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  entry.run(main)

@@ -16,7 +16,7 @@ import json
 import os
 from typing import Sequence
 
-from vit_jax import run_metrics
+from vit_jax import entry, run_metrics
 from vit_jax.benchmark import timing
 
 # Benchmark flags shown in a row's "what ran" when they differ from these defaults.
@@ -157,4 +157,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == '__main__':
-  raise SystemExit(main())
+  entry.run(main)

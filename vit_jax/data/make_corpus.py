@@ -20,7 +20,7 @@ from typing import Sequence
 
 import numpy as np
 
-from vit_jax import errors, files
+from vit_jax import entry, errors, files
 
 # Words of each part of speech, in both languages.
 SIZES = {'noun': 2500, 'verb': 500, 'transitive': 500, 'adjective': 700, 'adverb': 120,
@@ -162,4 +162,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  entry.run(main)

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 from PIL import Image
 
-from vit_jax import errors, files
+from vit_jax import entry, errors, files
 from vit_jax.data import digits
 
 MAX_ROTATION = 12.0  # Degrees, either way.
@@ -106,4 +106,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  entry.run(main)

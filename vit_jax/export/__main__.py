@@ -4,7 +4,7 @@ import argparse
 import sys
 from typing import Sequence
 
-from vit_jax import errors, files, runtime
+from vit_jax import entry, errors, files, runtime
 from vit_jax.export import FORMATS, export
 from vit_jax.export.source import DTYPES, Resize
 
@@ -84,4 +84,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == '__main__':
   runtime.start_program()
-  sys.exit(main())
+  entry.run(main)

@@ -9,7 +9,7 @@ import argparse
 import math
 import sys
 
-from vit_jax import errors
+from vit_jax import entry, errors
 from vit_jax.models import registry
 from vit_jax.models.vit import stem_stride
 
@@ -98,4 +98,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-  sys.exit(main())
+  entry.run(main)
