@@ -49,6 +49,13 @@ def test_corrupt_files_are_clear_errors(tmp_path):
   for path in (truncated, garbage):
     with pytest.raises(ValueError, match=f'Cannot read checkpoint {path}.*corrupt'):
       weights.load_npz(path)
+  # Not numpy's guess that unknown bytes are a pickle, to be loaded unsafely if trusted.
+  with pytest.raises(ValueError) as raised:
+    weights.load_npz(garbage)
+  assert str(raised.value) == (
+      f"Cannot read checkpoint {garbage}: its first bytes are neither a zip archive's (an .npz "
+      "is one) nor an .npy file's. The file is truncated or corrupt, or not an .npz; download "
+      'or write it again.')
   with pytest.raises(FileNotFoundError, match='missing.npz'):
     weights.load_npz(tmp_path / 'missing.npz')
 

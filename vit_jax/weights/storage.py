@@ -43,12 +43,21 @@ def load_npz(path: str | os.PathLike) -> dict[str, Any]:
   except (IsADirectoryError, PermissionError):
     raise
   except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
-    raise errors.BadFileError(f'Cannot read checkpoint {path}: {type(e).__name__}: {e}. The '
-                              'file is truncated or corrupt, or not an .npz; download or '
-                              'write it again.') from e
+    raise errors.BadFileError(f'Cannot read checkpoint {path}: {_npz_failure(e)}. The file is '
+                              'truncated or corrupt, or not an .npz; download or write it '
+                              'again.') from e
   if not flat:
     raise errors.BadFileError(f'Checkpoint {path} holds no arrays.')
   return unflatten_params(flat)
+
+
+def _npz_failure(error: Exception) -> str:
+  """Why np.load failed, for the user. Bytes that start as neither a zip archive nor an .npy
+  file, numpy takes for a pickle, and says to load them unpickled if the file is trusted:
+  advice that does not apply to a checkpoint."""
+  if isinstance(error, ValueError) and 'allow_pickle' in str(error):
+    return "its first bytes are neither a zip archive's (an .npz is one) nor an .npy file's"
+  return f'{type(error).__name__}: {str(error).rstrip(".")}'
 
 
 def save_npz(path: str | os.PathLike, params: Mapping[str, Any], *,
@@ -100,9 +109,9 @@ def load_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
       return safetensors.numpy.load(remote_bytes)
     return safetensors.numpy.load_file(path)
   except Exception as e:  # safetensors raises its own SafetensorError.
-    raise errors.BadFileError(f'Cannot read checkpoint {path}: {type(e).__name__}: {e}. The file '
-                              'is truncated or corrupt, or not .safetensors; download or write '
-                              'it again.') from e
+    raise errors.BadFileError(f'Cannot read checkpoint {path}: {type(e).__name__}: '
+                              f'{str(e).rstrip(".")}. The file is truncated or corrupt, or not '
+                              '.safetensors; download or write it again.') from e
 
 
 def read_orbax(path: str, fall_back: bool = False, ema: bool = False) -> dict:
