@@ -1,7 +1,9 @@
 """A program whose output's reader has gone (`python -m vit_jax.models | head -1`) ends quietly
-with status 1; its own status otherwise."""
+with status 1, one that Ctrl-C interrupts by SIGINT, without a traceback; its own status
+otherwise."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -47,3 +49,19 @@ def test_a_broken_pipe_elsewhere_keeps_its_traceback():
 
   with pytest.raises(BrokenPipeError, match='a socket'):
     entry.run(main)
+
+
+def test_ctrl_c_outside_training_ends_the_program_by_sigint_without_a_traceback():
+  command = [sys.executable, '-m', 'vit_jax.benchmark', '--mode', 'infer', '--model',
+             'ViT-testing', '--resolution', '16', '--batch', '1', '--steps', '1000000']
+  with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                        cwd=REPO) as process:
+    said = []
+    for line in process.stderr:  # Until it times its steps: imported, compiled, running.
+      said.append(line)
+      if line.startswith('benchmark: timing '):
+        break
+    process.send_signal(signal.SIGINT)
+    said += process.stderr.readlines()
+    assert process.wait(timeout=120) == -signal.SIGINT, ''.join(said)
+  assert 'Traceback' not in ''.join(said) and 'KeyboardInterrupt' not in ''.join(said)

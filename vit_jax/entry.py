@@ -1,19 +1,29 @@
-"""How every `python -m vit_jax...` program ends: with its main's status, and quietly where
-the reader of its output stopped reading (`... | head`), as `cat` does."""
+"""How every `python -m vit_jax...` program ends: with its main's status; quietly where the
+reader of its output stopped reading (`... | head`) or Ctrl-C came first, as `cat` does."""
 
 import os
 import select
+import signal
 import sys
 from typing import Any, Callable, NoReturn
 
 
 def run(main: Callable[..., Any], *args, **kwargs) -> NoReturn:
-  """Exits with `main(*args, **kwargs)`'s status. A write to stdout whose reader has gone
-  (BrokenPipeError) ends the program with status 1 and nothing more said; any other broken
-  pipe (a socket's) keeps its traceback."""
+  """Exits with `main(*args, **kwargs)`'s status.
+
+  A write to stdout whose reader has gone (BrokenPipeError) ends the program with status 1
+  and nothing more said; any other broken pipe (a socket's) keeps its traceback. SIGINT where
+  the program does not handle it (training does, from its first step: `train.preemption`)
+  ends it by SIGINT, as Python would, without the traceback of wherever it was (importing,
+  compiling), as SIGTERM does.
+  """
   try:
     status = main(*args, **kwargs)
     sys.stdout.flush()
+  except KeyboardInterrupt:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
+    raise  # Reached only where this thread blocks SIGINT.
   except BrokenPipeError:
     if not _reader_gone():
       raise
