@@ -3,7 +3,6 @@ reader of its output stopped reading (`... | head`) or Ctrl-C came first, as `ca
 
 import os
 import select
-import signal
 import sys
 from typing import Any, Callable, NoReturn
 
@@ -14,16 +13,17 @@ def run(main: Callable[..., Any], *args, **kwargs) -> NoReturn:
   A write to stdout whose reader has gone (BrokenPipeError) ends the program with status 1
   and nothing more said; any other broken pipe (a socket's) keeps its traceback. SIGINT where
   the program does not handle it (training does, from its first step: `train.preemption`)
-  ends it by SIGINT, as Python would, without the traceback of wherever it was (importing,
-  compiling), as SIGTERM does.
+  ends it by SIGINT, as Python would, without the traceback of wherever it was (reading the
+  data, compiling), as SIGTERM does.
   """
   try:
     status = main(*args, **kwargs)
     sys.stdout.flush()
   except KeyboardInterrupt:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGINT)
-    raise  # Reached only where this thread blocks SIGINT.
+    # Python prints it through sys.excepthook (here: nothing), cleans up (atexit) and ends
+    # the process by SIGINT.
+    sys.excepthook = _say_nothing
+    raise
   except BrokenPipeError:
     if not _reader_gone():
       raise
@@ -31,6 +31,10 @@ def run(main: Callable[..., Any], *args, **kwargs) -> NoReturn:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     sys.exit(1)
   sys.exit(status)
+
+
+def _say_nothing(*exc_info) -> None:
+  del exc_info
 
 
 def _reader_gone() -> bool:
