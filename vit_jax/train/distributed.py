@@ -193,6 +193,8 @@ def initialize(mode: str = 'auto', coordinator_address: str | None = None,
         'with a launcher JAX detects (Slurm, Open MPI, Cloud TPU, Kubernetes).') from error
   finally:
     watchdog.cancel()
+  global _roll_call_seconds
+  _roll_call_seconds = min(ROLL_CALL_SECONDS, heartbeat_timeout / 4)
   devices = jax.devices()
   per_process = collections.Counter(device.process_index for device in devices)
   progress.log(
@@ -235,7 +237,10 @@ def first_n_share(local_count: int, n: int) -> int:
 
 
 _ROLL_CALL = 'vit_jax/alive/'  # Keys the surviving processes set after a failed collective.
-ROLL_CALL_SECONDS = 5.0  # How long the survivors wait for each other's answer.
+ROLL_CALL_SECONDS = 5.0  # How long the survivors wait for each other's answer, at most.
+# JAX's heartbeat may declare a lost process dead from about half its timeout after the loss,
+# and then ends every survivor with a stack dump: the roll call ends well before that.
+_roll_call_seconds = ROLL_CALL_SECONDS
 
 
 def _client():
@@ -243,12 +248,14 @@ def _client():
   return jax_distributed.global_state.client
 
 
-def lost_processes(wait: float = ROLL_CALL_SECONDS) -> list[int]:
+def lost_processes(wait: float | None = None) -> list[int]:
   """The processes that do not answer a roll call in the coordinator's key-value store.
 
-  Every survivor of a failed collective writes its key and waits `wait` seconds for the
-  others'; when the coordinator itself is gone (process 0), nobody can answer.
+  Every survivor of a failed collective writes its key and waits for the others' (`wait`
+  seconds; by default ROLL_CALL_SECONDS, or a quarter of the heartbeat's timeout where that is
+  less); when the coordinator itself is gone (process 0), nobody can answer.
   """
+  wait = _roll_call_seconds if wait is None else wait
   client, count = _client(), jax.process_count()
   try:
     client.key_value_set(f'{_ROLL_CALL}{jax.process_index()}', 'alive')
