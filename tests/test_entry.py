@@ -76,5 +76,6 @@ def test_ctrl_c_outside_training_ends_the_program_by_sigint_without_a_traceback(
     except subprocess.TimeoutExpired:
       process.kill()
       pytest.fail('still running 120 s after SIGINT:\n' + ''.join(said))
-  assert process.returncode == -signal.SIGINT, ''.join(said)
-  assert 'Traceback' not in ''.join(said) and 'KeyboardInterrupt' not in ''.join(said)
+  said = ''.join(said)
+  assert process.returncode == -signal.SIGINT, said
+  assert 'Traceback' not in said and 'KeyboardInterrupt' not in said
